@@ -1,0 +1,40 @@
+"""Bearer API keys for DRF."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib.auth.models import AnonymousUser
+from rest_framework import authentication, exceptions
+from rest_framework.request import Request
+
+from apps.accounts.models import ApiKey
+from apps.accounts.selectors import api_key_get_by_prefix
+from apps.accounts.services import api_key_touch, secret_matches, split_key
+
+
+class ApiKeyAuthentication(authentication.BaseAuthentication):
+    keyword = "Bearer"
+
+    def authenticate(self, request: Request) -> tuple[Any, ApiKey] | None:
+        header = authentication.get_authorization_header(request).decode("latin-1")
+        if not header:
+            return None
+        scheme, _, raw = header.partition(" ")
+        if scheme.lower() != self.keyword.lower():
+            return None
+        parsed = split_key(raw.strip())
+        api_key = api_key_get_by_prefix(prefix=parsed[0]) if parsed else None
+        if api_key is None or not secret_matches(api_key, raw.strip()):
+            raise exceptions.AuthenticationFailed(
+                "The API key is not valid.", code="invalid_api_key"
+            )
+        if api_key.is_revoked:
+            raise exceptions.AuthenticationFailed(
+                "The API key was revoked.", code="revoked_api_key"
+            )
+        api_key_touch(api_key=api_key)
+        return (api_key.user or AnonymousUser(), api_key)
+
+    def authenticate_header(self, request: Request) -> str:
+        return self.keyword

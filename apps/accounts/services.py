@@ -1,0 +1,112 @@
+"""Writes for teams, memberships and API keys."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import transaction
+from django.utils import timezone
+
+from apps.accounts.models import ApiKey, Membership, Scope, Team
+from apps.core.exceptions import InvalidRequest
+
+KEY_NAMESPACE = "rt"
+PREFIX_BYTES = 6
+SECRET_BYTES = 32
+LAST_USED_RESOLUTION = timedelta(minutes=1)
+
+
+@dataclass(frozen=True)
+class IssuedKey:
+    api_key: ApiKey
+    secret: str
+    """The full key. It exists only here: the database keeps its hash."""
+
+
+def hash_secret(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def split_key(raw: str) -> tuple[str, str] | None:
+    """``rt_<prefix>_<secret>`` → (prefix, raw); None when the shape is wrong."""
+    parts = raw.split("_", 2)  # the secret part may itself contain "_"
+    if len(parts) != 3 or parts[0] != KEY_NAMESPACE or not parts[1] or not parts[2]:
+        return None
+    return parts[1], raw
+
+
+def secret_matches(api_key: ApiKey, raw: str) -> bool:
+    return hmac.compare_digest(api_key.secret_hash, hash_secret(raw))
+
+
+def team_create(*, name: str, time_zone: str = "UTC") -> Team:
+    name = name.strip()
+    if not name:
+        raise InvalidRequest("A team needs a name.", code="missing_field", param="name")
+    if Team.objects.filter(name=name).exists():
+        raise InvalidRequest(f"A team named {name!r} exists.", code="already_exists", param="name")
+    return Team.objects.create(name=name, time_zone=time_zone)
+
+
+def membership_add(
+    *, team: Team, user: AbstractBaseUser, role: str = Membership.Role.MEMBER
+) -> Membership:
+    membership, _ = Membership.objects.update_or_create(
+        team=team, user=user, defaults={"role": role}
+    )
+    return membership
+
+
+def api_key_create(
+    *,
+    team: Team,
+    name: str = "",
+    scopes: list[str] | None = None,
+    user: AbstractBaseUser | None = None,
+) -> IssuedKey:
+    scopes = sorted(set(scopes if scopes is not None else Scope.values))
+    unknown = set(scopes) - set(Scope.values)
+    if unknown:
+        raise InvalidRequest(
+            f"Unknown scopes {sorted(unknown)}; choose from {Scope.values}.",
+            code="invalid_value",
+            param="scopes",
+        )
+    prefix = secrets.token_hex(PREFIX_BYTES)
+    secret = f"{KEY_NAMESPACE}_{prefix}_{secrets.token_urlsafe(SECRET_BYTES)}"
+    api_key = ApiKey.objects.create(
+        team=team,
+        user=user,
+        name=name,
+        prefix=prefix,
+        secret_hash=hash_secret(secret),
+        scopes=scopes,
+    )
+    return IssuedKey(api_key=api_key, secret=secret)
+
+
+def api_key_revoke(*, api_key: ApiKey) -> ApiKey:
+    if api_key.revoked_at is None:
+        api_key.revoked_at = timezone.now()
+        api_key.save(update_fields=["revoked_at"])
+    return api_key
+
+
+def api_key_touch(*, api_key: ApiKey) -> None:
+    """Record use, at most once a minute per key: not a database write per request."""
+    now = timezone.now()
+    if api_key.last_used_at is None or now - api_key.last_used_at >= LAST_USED_RESOLUTION:
+        ApiKey.objects.filter(pk=api_key.pk).update(last_used_at=now)
+        api_key.last_used_at = now
+
+
+@transaction.atomic
+def team_bootstrap(*, name: str) -> tuple[Team, bool]:
+    """The team called ``name``, created if missing; for setup scripts."""
+    team, created = Team.objects.get_or_create(name=name)
+    return team, created

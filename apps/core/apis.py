@@ -1,0 +1,90 @@
+"""Liveness, readiness, and Django's error handlers in the API's error shape."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from django.conf import settings
+from django.db import connection
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import render
+from django.views.decorators.http import require_GET
+
+from apps.core.exceptions import error_body
+
+logger = logging.getLogger(__name__)
+
+
+@require_GET
+def healthz(request: HttpRequest) -> JsonResponse:
+    """Liveness: the process answers. Touches nothing else."""
+    return JsonResponse({"status": "ok"})
+
+
+@require_GET
+def readyz(request: HttpRequest) -> JsonResponse:
+    """Readiness: database, index directory and broker (when one is configured)."""
+    checks = {"database": _check_database(), "index_dir": _check_index_dir()}
+    if not settings.CELERY_TASK_ALWAYS_EAGER:
+        checks["broker"] = _check_broker()
+    ready = all(value == "ok" for value in checks.values())
+    return JsonResponse(
+        {"status": "ok" if ready else "unavailable", "checks": checks}, status=200 if ready else 503
+    )
+
+
+def _check_database() -> str:
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+    except Exception as exc:
+        logger.warning("readiness: database: %s", exc)
+        return f"error: {type(exc).__name__}"
+    return "ok"
+
+
+def _check_index_dir() -> str:
+    root = Path(settings.INDEX_DIR)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return f"error: {exc.strerror}"
+    return "ok" if os.access(root, os.W_OK) else "error: not writable"
+
+
+def _check_broker() -> str:
+    from config.celery import app
+
+    try:
+        with app.connection_for_write() as conn:
+            conn.ensure_connection(max_retries=1, timeout=2)
+    except Exception as exc:
+        logger.warning("readiness: broker: %s", exc)
+        return f"error: {type(exc).__name__}"
+    return "ok"
+
+
+def home(request: HttpRequest) -> HttpResponse:
+    return render(request, "home.html")
+
+
+def _error(status: int, type: str, code: str, message: str) -> JsonResponse:
+    return JsonResponse(error_body(type=type, code=code, message=message), status=status)
+
+
+def bad_request(request: HttpRequest, exception: Exception) -> JsonResponse:
+    return _error(400, "invalid_request_error", "bad_request", "The request is malformed.")
+
+
+def permission_denied(request: HttpRequest, exception: Exception) -> JsonResponse:
+    return _error(403, "permission_error", "permission_denied", "You may not do this.")
+
+
+def not_found(request: HttpRequest, exception: Exception) -> JsonResponse:
+    return _error(404, "not_found_error", "not_found", "No such object.")
+
+
+def server_error(request: HttpRequest) -> JsonResponse:
+    return _error(500, "server_error", "internal_error", "The server failed; it has been logged.")

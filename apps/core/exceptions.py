@@ -1,0 +1,180 @@
+"""The one domain exception root, and the one place that maps errors to the API shape.
+
+Every surface (JSON API, SSE in-band errors, OpenAI-compatible) renders errors through
+:func:`error_body`, so the shape ``{"error": {type, code, message, param}}`` is written once.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.core.exceptions import RequestDataTooBig
+from django.http import Http404
+from rest_framework import exceptions as drf
+from rest_framework.response import Response
+
+import retrieval
+
+logger = logging.getLogger(__name__)
+
+
+class ApplicationError(Exception):
+    """An error the caller can act on, with a stable ``code`` and an HTTP status."""
+
+    status = 400
+    type = "invalid_request_error"
+    code = "invalid_request"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str | None = None,
+        param: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        if code is not None:
+            self.code = code
+        self.param = param
+        self.headers = dict(headers or {})
+
+
+class InvalidRequest(ApplicationError):
+    pass
+
+
+class NotFound(ApplicationError):
+    status, type, code = 404, "not_found_error", "not_found"
+
+
+class PermissionDenied(ApplicationError):
+    status, type, code = 403, "permission_error", "scope_missing"
+
+
+class Conflict(ApplicationError):
+    status, type, code = 409, "conflict_error", "conflict"
+
+
+class PayloadTooLarge(ApplicationError):
+    status, code = 413, "payload_too_large"
+
+
+class UnsupportedFileType(ApplicationError):
+    status, code = 415, "unsupported_file_type"
+
+
+class ServiceUnavailable(ApplicationError):
+    status, type, code = 503, "overloaded", "service_unavailable"
+
+
+def error_body(*, type: str, code: str, message: str, param: str | None = None) -> dict[str, Any]:
+    return {"error": {"type": type, "code": code, "message": message, "param": param}}
+
+
+def error_response(
+    status: int,
+    *,
+    type: str,
+    code: str,
+    message: str,
+    param: str | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> Response:
+    return Response(
+        error_body(type=type, code=code, message=message, param=param),
+        status=status,
+        headers=dict(headers or {}),
+    )
+
+
+def as_application_error(exc: Exception) -> ApplicationError | None:
+    """Translate framework and library exceptions into domain errors; None if unknown."""
+    match exc:
+        case ApplicationError():
+            return exc
+        case retrieval.DocumentTooLarge():
+            return PayloadTooLarge(str(exc), code=exc.code)
+        case retrieval.UnsupportedDocument():
+            return UnsupportedFileType(str(exc))
+        case RequestDataTooBig():
+            return PayloadTooLarge("The request body is larger than this endpoint accepts.")
+        case drf.ParseError():
+            return InvalidRequest(f"The body is not valid JSON: {exc.detail}", code="invalid_json")
+        case drf.ValidationError():
+            return _validation_error(exc.detail)
+        case drf.NotAuthenticated():
+            return _auth_error(
+                "missing_api_key", "Send an API key as 'Authorization: Bearer <key>'."
+            )
+        case drf.AuthenticationFailed():
+            return _auth_error(_code_of(exc, "invalid_api_key"), str(exc.detail))
+        case drf.PermissionDenied() | DjangoPermissionDenied():
+            detail = getattr(exc, "detail", "You may not do this.")
+            return PermissionDenied(str(detail), code=_code_of(exc, "scope_missing"))
+        case drf.NotFound() | Http404():
+            return NotFound("No such object.")
+        case drf.MethodNotAllowed():
+            error = InvalidRequest(str(exc.detail), code="method_not_allowed")
+            error.status = 405
+            return error
+        case drf.UnsupportedMediaType():
+            return UnsupportedFileType(str(exc.detail), code="unsupported_media_type")
+        case drf.NotAcceptable():
+            error = InvalidRequest(str(exc.detail), code="not_acceptable")
+            error.status = 406
+            return error
+        case drf.Throttled():
+            error = ApplicationError(str(exc.detail), code="rate_limited")
+            error.status, error.type = 429, "rate_limit_error"
+            return error
+    return None
+
+
+def _auth_error(code: str, message: str) -> ApplicationError:
+    error = ApplicationError(message, code=code, headers={"WWW-Authenticate": "Bearer"})
+    error.status, error.type = 401, "authentication_error"
+    return error
+
+
+def _code_of(exc: drf.APIException | Exception, default: str) -> str:
+    detail = getattr(exc, "detail", None)
+    code = getattr(detail, "code", None)
+    generic = {"not_authenticated", "authentication_failed", "permission_denied", "error"}
+    return code if isinstance(code, str) and code not in generic else default
+
+
+def _validation_error(detail: Any, path: str = "") -> ApplicationError:
+    """The first field error, with its dotted path as ``param``."""
+    if isinstance(detail, Mapping):
+        field, inner = next(iter(detail.items()))
+        name = path if field == "non_field_errors" else f"{path}.{field}" if path else str(field)
+        return _validation_error(inner, name)
+    if isinstance(detail, list) and detail:
+        return _validation_error(detail[0], path)
+    code = getattr(detail, "code", "invalid")
+    label = f"{path}: " if path else ""
+    if code == "required":
+        return InvalidRequest(
+            f"{label}this field is required.", code="missing_field", param=path or None
+        )
+    return InvalidRequest(f"{label}{detail}", code="invalid_value", param=path or None)
+
+
+def api_exception_handler(exc: Exception, context: Mapping[str, Any]) -> Response | None:
+    """DRF's EXCEPTION_HANDLER: every error in the API's one shape."""
+    error = as_application_error(exc)
+    if error is None:
+        return None  # let Django's 500 handler (also this shape) take it
+    return error_response(
+        error.status,
+        type=error.type,
+        code=error.code,
+        message=error.message,
+        param=error.param,
+        headers=error.headers,
+    )

@@ -1,0 +1,81 @@
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandParser
+
+
+class Command(BaseCommand):
+    help = (
+        "Run the whole product in the foreground: the ASGI web server and a Celery worker "
+        "(with the periodic jobs). Ctrl-C stops all of them."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--host", default="127.0.0.1")
+        parser.add_argument("--port", type=int, default=8000)
+        parser.add_argument("--web-workers", type=int, default=1)
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        python = sys.executable
+        commands = {
+            "web": [
+                python,
+                "-m",
+                "uvicorn",
+                "config.asgi:application",
+                "--host",
+                options["host"],
+                "--port",
+                str(options["port"]),
+                "--workers",
+                str(options["web_workers"]),
+            ],
+        }
+        if not settings.CELERY_TASK_ALWAYS_EAGER:
+            # One solo worker keeps one copy of the embedding model in memory; -B runs the
+            # periodic sweep of stalled documents inside it.
+            commands["worker"] = [
+                python,
+                "-m",
+                "celery",
+                "-A",
+                "config",
+                "worker",
+                "-B",
+                "--pool=solo",
+                "--loglevel=INFO",
+                "--schedule",
+                settings.CELERY_BEAT_SCHEDULE_FILENAME,
+            ]
+        processes = {name: subprocess.Popen(argv) for name, argv in commands.items()}  # noqa: S603
+        self.stdout.write(
+            f"ragtier on http://{options['host']}:{options['port']}/ "
+            f"({', '.join(processes)}); Ctrl-C stops it"
+        )
+
+        def stop(*_: object) -> None:
+            raise KeyboardInterrupt
+
+        signal.signal(signal.SIGTERM, stop)
+        try:
+            while all(process.poll() is None for process in processes.values()):
+                time.sleep(0.5)
+            failed = [name for name, process in processes.items() if process.poll() is not None]
+            self.stderr.write(f"{', '.join(failed)} exited; stopping the rest")
+        except KeyboardInterrupt:
+            pass
+        finally:
+            for process in processes.values():
+                if process.poll() is None:
+                    process.send_signal(signal.SIGTERM)
+            for process in processes.values():
+                try:
+                    process.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    process.kill()

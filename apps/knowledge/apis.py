@@ -1,0 +1,229 @@
+"""HTTP for collections, documents and search: parse → one call → render."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers, status
+from rest_framework.parsers import JSONParser, MultiPartParser
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from apps.accounts.permissions import get_caller
+from apps.core.pagination import Pagination
+from apps.knowledge import selectors, services
+from apps.knowledge.models import Collection, Document
+
+
+class CollectionOutput(serializers.ModelSerializer[Collection]):
+    document_count = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Collection
+        fields = ["id", "name", "description", "document_count", "created_at"]
+
+    def get_document_count(self, collection: Collection) -> int:
+        return collection.documents.count()
+
+
+class DocumentOutput(serializers.ModelSerializer[Document]):
+    class Meta:
+        model = Document
+        fields = [
+            "id",
+            "collection_id",
+            "title",
+            "filename",
+            "media_type",
+            "size_bytes",
+            "status",
+            "progress",
+            "chunk_count",
+            "page_count",
+            "embedding_tokens",
+            "error",
+            "created_at",
+            "updated_at",
+            "indexed_at",
+        ]
+
+
+class CollectionListCreateApi(APIView):
+    required_scopes = {"GET": "read", "POST": "ingest"}
+
+    class InputSerializer(serializers.Serializer[dict[str, str]]):
+        name = serializers.CharField(max_length=200)
+        description = serializers.CharField(
+            max_length=2000, required=False, default="", allow_blank=True
+        )
+
+    @extend_schema(responses=CollectionOutput(many=True))
+    def get(self, request: Request) -> Response:
+        """The caller's team's collections, by name."""
+        paginator = Pagination()
+        page = paginator.paginate_queryset(
+            selectors.collection_list(team=get_caller(request).team), request, view=self
+        )
+        return paginator.get_paginated_response(CollectionOutput(page, many=True).data)
+
+    @extend_schema(request=InputSerializer, responses={201: CollectionOutput})
+    def post(self, request: Request) -> Response:
+        """Create a collection: a set of documents with its own vector index."""
+        data = _valid(self.InputSerializer, request)
+        collection = services.collection_create(team=get_caller(request).team, **data)
+        return Response(CollectionOutput(collection).data, status=status.HTTP_201_CREATED)
+
+
+class CollectionDetailApi(APIView):
+    required_scopes = {"GET": "read", "DELETE": "ingest"}
+
+    @extend_schema(responses=CollectionOutput)
+    def get(self, request: Request, collection_id: int) -> Response:
+        """One collection of the caller's team."""
+        collection = selectors.collection_get(
+            team=get_caller(request).team, collection_id=collection_id
+        )
+        return Response(CollectionOutput(collection).data)
+
+    @extend_schema(responses={204: None})
+    def delete(self, request: Request, collection_id: int) -> Response:
+        """Delete a collection with its documents, chunks and index."""
+        collection = selectors.collection_get(
+            team=get_caller(request).team, collection_id=collection_id
+        )
+        services.collection_delete(collection=collection)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class CollectionDocumentsApi(APIView):
+    required_scopes = {"GET": "read", "POST": "ingest"}
+    parser_classes = [MultiPartParser, JSONParser]
+
+    class InputSerializer(serializers.Serializer[dict[str, object]]):
+        file = serializers.FileField(required=False, allow_empty_file=True)
+        title = serializers.CharField(max_length=300, required=False, default="", allow_blank=True)
+        text = serializers.CharField(required=False, allow_blank=True, trim_whitespace=False)
+        format = serializers.ChoiceField(choices=["text", "markdown"], default="text")
+
+        def validate(self, attrs: dict[str, object]) -> dict[str, object]:
+            if "file" not in attrs and "text" not in attrs:
+                raise serializers.ValidationError(
+                    {
+                        "file": serializers.ErrorDetail(
+                            "Send a multipart 'file', or JSON with 'title' and 'text'.",
+                            code="required",
+                        )
+                    }
+                )
+            if "text" in attrs and not attrs.get("title"):
+                raise serializers.ValidationError(
+                    {
+                        "title": serializers.ErrorDetail(
+                            "A text document needs a title.", code="required"
+                        )
+                    }
+                )
+            return attrs
+
+    @extend_schema(responses=DocumentOutput(many=True))
+    def get(self, request: Request, collection_id: int) -> Response:
+        """The collection's documents, newest first."""
+        collection = selectors.collection_get(
+            team=get_caller(request).team, collection_id=collection_id
+        )
+        paginator = Pagination()
+        page = paginator.paginate_queryset(
+            selectors.document_list(collection=collection), request, view=self
+        )
+        return paginator.get_paginated_response(DocumentOutput(page, many=True).data)
+
+    @extend_schema(request=InputSerializer, responses={202: DocumentOutput, 200: DocumentOutput})
+    def post(self, request: Request, collection_id: int) -> Response:
+        """Add a document (multipart ``file``: txt, md, html, pdf; or JSON ``{title, text}``).
+
+        Answers 202 with the document ``queued`` for ingestion; the same content uploaded
+        again to the collection answers 200 with the existing document.
+        """
+        collection = selectors.collection_get(
+            team=get_caller(request).team, collection_id=collection_id
+        )
+        data = _valid(self.InputSerializer, request)
+        if "file" in data:
+            accepted = services.document_create_from_file(
+                collection=collection, upload=data["file"], title=str(data["title"])
+            )
+        else:
+            accepted = services.document_create_from_text(
+                collection=collection,
+                title=str(data["title"]),
+                text=str(data["text"]),
+                format=str(data["format"]),
+            )
+        code = status.HTTP_202_ACCEPTED if accepted.created else status.HTTP_200_OK
+        return Response(DocumentOutput(accepted.document).data, status=code)
+
+
+class DocumentDetailApi(APIView):
+    required_scopes = {"GET": "read", "DELETE": "ingest"}
+
+    @extend_schema(responses=DocumentOutput)
+    def get(self, request: Request, document_id: int) -> Response:
+        """A document's ingestion status and progress."""
+        document = selectors.document_get(team=get_caller(request).team, document_id=document_id)
+        return Response(DocumentOutput(document).data)
+
+    @extend_schema(responses={204: None})
+    def delete(self, request: Request, document_id: int) -> Response:
+        """Delete a document and remove its vectors from the index."""
+        document = selectors.document_get(team=get_caller(request).team, document_id=document_id)
+        services.document_delete(document=document)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class SearchResultOutput(serializers.Serializer[services.SearchResult]):
+    chunk_id = serializers.IntegerField(source="chunk.id")
+    document_id = serializers.IntegerField(source="chunk.document_id")
+    collection_id = serializers.IntegerField(source="chunk.collection_id")
+    title = serializers.CharField(source="chunk.document.title")
+    headings = serializers.ListField(source="chunk.headings", child=serializers.CharField())
+    chunk_index = serializers.IntegerField(source="chunk.index")
+    score = serializers.FloatField()
+    snippet = serializers.CharField()
+
+
+class SearchOutput(serializers.Serializer[dict[str, object]]):
+    results = SearchResultOutput(many=True)
+
+
+class SearchApi(APIView):
+    required_scopes = {"POST": "read"}
+
+    class InputSerializer(serializers.Serializer[dict[str, object]]):
+        query = serializers.CharField(max_length=settings.MAX_QUERY_CHARS)
+        collections = serializers.ListField(
+            child=serializers.IntegerField(min_value=1),
+            required=False,
+            allow_empty=False,
+            max_length=100,
+        )
+        top_k = serializers.IntegerField(min_value=1, max_value=settings.MAX_TOP_K, default=5)
+
+    @extend_schema(request=InputSerializer, responses=SearchOutput)
+    def post(self, request: Request) -> Response:
+        """Retrieval only: the chunks closest to ``query``, best first, across the caller's
+        collections (all of them unless ``collections`` names some)."""
+        data = _valid(self.InputSerializer, request)
+        results = services.chunk_search(
+            caller=get_caller(request),
+            query=str(data["query"]),
+            collection_ids=data.get("collections"),  # type: ignore[arg-type]
+            top_k=int(data["top_k"]),
+        )  # type: ignore[call-overload]
+        return Response(SearchOutput({"results": results}).data)
+
+
+def _valid(serializer_class: type[serializers.Serializer], request: Request) -> dict:  # type: ignore[type-arg]
+    serializer = serializer_class(data=request.data)
+    serializer.is_valid(raise_exception=True)
+    return dict(serializer.validated_data)

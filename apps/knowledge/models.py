@@ -1,0 +1,107 @@
+from __future__ import annotations
+
+from django.db import models
+
+from apps.accounts.models import Team
+
+
+class Collection(models.Model):
+    """A team's set of documents, with one FAISS index of its own.
+
+    ``index_version`` names the index file that holds this collection's vectors; it moves
+    in the same transaction that changes the chunks, so web processes can tell when to
+    reload and a rolled-back write never becomes visible.
+    """
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="collections")
+    name = models.CharField(max_length=200)
+    description = models.TextField(blank=True)
+    index_version = models.PositiveIntegerField(default=0, editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.UniqueConstraint(fields=["team", "name"], name="collection_unique_team_name")
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def index_key(self) -> str:
+        return str(self.pk)
+
+
+class Document(models.Model):
+    class Status(models.TextChoices):
+        QUEUED = "queued"
+        PROCESSING = "processing"
+        INDEXED = "indexed"
+        FAILED = "failed"
+
+    class Stage(models.TextChoices):
+        PARSE = "parse"
+        CHUNK = "chunk"
+        EMBED = "embed"
+        INDEX = "index"
+        DONE = "done"
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="documents")
+    collection = models.ForeignKey(Collection, on_delete=models.CASCADE, related_name="documents")
+    title = models.CharField(max_length=300)
+    filename = models.CharField(max_length=300, blank=True)
+    media_type = models.CharField(max_length=100)
+    source = models.FileField(upload_to="documents/%Y/%m/")
+    size_bytes = models.PositiveBigIntegerField()
+    content_hash = models.CharField(max_length=64)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
+    stage = models.CharField(max_length=16, choices=Stage.choices, default=Stage.PARSE)
+    progress = models.PositiveSmallIntegerField(default=0)
+    attempts = models.PositiveSmallIntegerField(default=0)
+    page_count = models.PositiveIntegerField(null=True, blank=True)
+    chunk_count = models.PositiveIntegerField(default=0)
+    embedding_tokens = models.PositiveBigIntegerField(default=0)
+    parsed = models.JSONField(null=True, blank=True, editable=False)
+    error = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    indexed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["collection", "content_hash"], name="document_unique_collection_content"
+            )
+        ]
+        indexes = [models.Index(fields=["status", "updated_at"])]
+
+    def __str__(self) -> str:
+        return self.title
+
+
+class Chunk(models.Model):
+    """A span of a document, embedded; its primary key is its id in the FAISS index.
+
+    The vector is kept here as well, so an index can be rebuilt without re-embedding.
+    """
+
+    document = models.ForeignKey(Document, on_delete=models.CASCADE, related_name="chunks")
+    collection = models.ForeignKey(Collection, on_delete=models.CASCADE, related_name="chunks")
+    index = models.PositiveIntegerField()
+    text = models.TextField()
+    headings = models.JSONField(default=list)
+    token_count = models.PositiveIntegerField()
+    embedding = models.BinaryField(null=True, editable=False)
+
+    class Meta:
+        ordering = ["document_id", "index"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["document", "index"], name="chunk_unique_document_index"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.document_id}#{self.index}"

@@ -1,0 +1,39 @@
+"""Writes for the knowledge app, one module per concern, re-exported here."""
+
+from apps.knowledge.services.collections import collection_create, collection_delete
+from apps.knowledge.services.documents import (
+    Accepted,
+    document_create_from_file,
+    document_create_from_text,
+    document_delete,
+    document_reingest,
+)
+from apps.knowledge.services.indexing import collection_index_rebuild, embedder, index_store
+from apps.knowledge.services.ingestion import (
+    STAGE_FUNCTIONS,
+    document_fail,
+    document_ingest,
+    documents_requeue_stalled,
+    ingestion_enqueue,
+)
+from apps.knowledge.services.search import SearchResult, chunk_search
+
+__all__ = [
+    "STAGE_FUNCTIONS",
+    "Accepted",
+    "SearchResult",
+    "chunk_search",
+    "collection_create",
+    "collection_delete",
+    "collection_index_rebuild",
+    "document_create_from_file",
+    "document_create_from_text",
+    "document_delete",
+    "document_fail",
+    "document_ingest",
+    "document_reingest",
+    "documents_requeue_stalled",
+    "embedder",
+    "index_store",
+    "ingestion_enqueue",
+]

@@ -1,0 +1,39 @@
+"""Writes for collections."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+
+from apps.accounts.models import Team
+from apps.core.exceptions import InvalidRequest
+from apps.knowledge.models import Collection
+from apps.knowledge.services.indexing import index_store
+
+
+def collection_create(*, team: Team, name: str, description: str = "") -> Collection:
+    limit = settings.MAX_COLLECTIONS_PER_TEAM
+    with transaction.atomic():
+        # Lock the team row so two concurrent creates cannot both pass the count.
+        Team.objects.select_for_update().filter(pk=team.pk).first()
+        if Collection.objects.filter(team=team).count() >= limit:
+            raise InvalidRequest(
+                f"A team may have at most {limit} collections; delete one first.",
+                code="collection_limit_reached",
+            )
+        try:
+            with transaction.atomic():
+                return Collection.objects.create(team=team, name=name, description=description)
+        except IntegrityError:
+            raise InvalidRequest(
+                f"A collection named {name!r} exists in this team.",
+                code="already_exists",
+                param="name",
+            ) from None
+
+
+def collection_delete(*, collection: Collection) -> None:
+    key = collection.index_key
+    with transaction.atomic():
+        collection.delete()
+        transaction.on_commit(lambda: index_store().drop(key))

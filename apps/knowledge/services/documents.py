@@ -1,0 +1,208 @@
+"""Writes for documents: accept (with every limit checked up front), delete, re-ingest."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass
+from pathlib import PurePath
+
+import numpy as np
+from django.conf import settings
+from django.core.files.base import ContentFile, File
+from django.db import IntegrityError, transaction
+
+from apps.core.exceptions import InvalidRequest, PayloadTooLarge, UnsupportedFileType
+from apps.knowledge.models import Chunk, Collection, Document
+from apps.knowledge.services.indexing import collection_index_write
+from apps.knowledge.services.ingestion import ingestion_enqueue
+from retrieval import UnsupportedDocument, VectorIndex, detect_media_type, pdf_page_count
+from retrieval.parsing import MARKDOWN, PDF, TEXT
+
+logger = logging.getLogger(__name__)
+
+TEXT_FORMATS = {"text": TEXT, "markdown": MARKDOWN}
+
+
+@dataclass(frozen=True)
+class Accepted:
+    document: Document
+    created: bool
+    """False when the same content was already in the collection."""
+
+
+def document_create_from_file(
+    *, collection: Collection, upload: File, title: str = "", enqueue: bool = True
+) -> Accepted:
+    """Accept an uploaded file after every cheap check: size, type, encoding, pages."""
+    if upload.size is not None and upload.size > settings.MAX_UPLOAD_BYTES:
+        raise PayloadTooLarge(
+            f"The file is {upload.size} bytes; the limit is {settings.MAX_UPLOAD_BYTES}.",
+            code="file_too_large",
+            param="file",
+        )
+    filename = PurePath(upload.name or "upload").name
+    data = upload.read(settings.MAX_UPLOAD_BYTES + 1)
+    if len(data) > settings.MAX_UPLOAD_BYTES:
+        raise PayloadTooLarge(
+            f"The file is larger than the limit of {settings.MAX_UPLOAD_BYTES} bytes.",
+            code="file_too_large",
+            param="file",
+        )
+    if not data:
+        raise InvalidRequest("The file is empty.", code="empty_file", param="file")
+    try:
+        media_type = detect_media_type(filename, data[:8])
+    except UnsupportedDocument as exc:
+        raise UnsupportedFileType(str(exc), param="file") from exc
+    page_count = None
+    if media_type == PDF:
+        page_count = pdf_page_count(data)
+        if page_count > settings.MAX_PDF_PAGES:
+            raise PayloadTooLarge(
+                f"The PDF has {page_count} pages; the limit is {settings.MAX_PDF_PAGES}.",
+                code="too_many_pages",
+                param="file",
+            )
+    else:
+        _check_text(data)
+    title = title.strip() or PurePath(filename).stem
+    return _document_accept(
+        collection=collection,
+        data=data,
+        media_type=media_type,
+        title=title,
+        filename=filename,
+        page_count=page_count,
+        enqueue=enqueue,
+    )
+
+
+def document_create_from_text(
+    *, collection: Collection, title: str, text: str, format: str = "text", enqueue: bool = True
+) -> Accepted:
+    if len(text) > settings.MAX_DOCUMENT_CHARS:
+        raise PayloadTooLarge(
+            f"The text has {len(text)} characters; the limit is {settings.MAX_DOCUMENT_CHARS}.",
+            code="document_too_large",
+            param="text",
+        )
+    if not text.strip():
+        raise InvalidRequest("The text is empty.", code="empty_document", param="text")
+    media_type = TEXT_FORMATS[format]
+    suffix = ".md" if media_type == MARKDOWN else ".txt"
+    return _document_accept(
+        collection=collection,
+        data=text.encode("utf-8"),
+        media_type=media_type,
+        title=title.strip(),
+        filename=f"{_slug(title)}{suffix}",
+        page_count=None,
+        enqueue=enqueue,
+    )
+
+
+def _check_text(data: bytes) -> None:
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise UnsupportedFileType(
+            "Text files must be UTF-8 encoded.", code="invalid_encoding", param="file"
+        ) from None
+    if len(text) > settings.MAX_DOCUMENT_CHARS:
+        raise PayloadTooLarge(
+            f"The file has {len(text)} characters; the limit is {settings.MAX_DOCUMENT_CHARS}.",
+            code="document_too_large",
+            param="file",
+        )
+
+
+def _slug(title: str) -> str:
+    cleaned = "".join(c if c.isalnum() else "-" for c in title.lower()).strip("-")
+    return cleaned[:80] or "document"
+
+
+def _document_accept(
+    *,
+    collection: Collection,
+    data: bytes,
+    media_type: str,
+    title: str,
+    filename: str,
+    page_count: int | None,
+    enqueue: bool,
+) -> Accepted:
+    content_hash = hashlib.sha256(data).hexdigest()
+    existing = Document.objects.filter(collection=collection, content_hash=content_hash).first()
+    if existing is not None:
+        return _existing(existing)
+    document = Document(
+        team_id=collection.team_id,
+        collection=collection,
+        title=title[:300],
+        filename=filename[:300],
+        media_type=media_type,
+        size_bytes=len(data),
+        content_hash=content_hash,
+        page_count=page_count,
+    )
+    try:
+        with transaction.atomic():
+            document.source.save(filename, ContentFile(data), save=False)
+            document.save()
+            if enqueue:
+                ingestion_enqueue(document=document)
+    except IntegrityError:
+        # The same content arrived concurrently: the first one wins, this one replays it.
+        document.source.delete(save=False)
+        return _existing(Document.objects.get(collection=collection, content_hash=content_hash))
+    return Accepted(document, created=True)
+
+
+def _existing(document: Document) -> Accepted:
+    if document.status == Document.Status.FAILED:
+        document = document_reingest(document=document)
+    return Accepted(document, created=False)
+
+
+def document_delete(*, document: Document) -> None:
+    """Remove the document, its chunks and their vectors, in one transaction."""
+    source = document.source
+    with transaction.atomic():
+        chunk_ids = list(Chunk.objects.filter(document=document).values_list("pk", flat=True))
+        if chunk_ids and document.status == Document.Status.INDEXED:
+            collection_index_write(
+                collection_id=document.collection_id,
+                mutate=lambda index: _remove(index, chunk_ids),
+            )
+        document.delete()
+        transaction.on_commit(lambda: source.delete(save=False))
+
+
+def _remove(index: VectorIndex, chunk_ids: list[int]) -> None:
+    index.remove(np.array(chunk_ids, dtype=np.int64))
+
+
+def document_reingest(*, document: Document) -> Document:
+    """Take the document out of the index and run the whole pipeline again."""
+    with transaction.atomic():
+        document = Document.objects.select_for_update().get(pk=document.pk)
+        chunk_ids = list(Chunk.objects.filter(document=document).values_list("pk", flat=True))
+        if chunk_ids and document.status == Document.Status.INDEXED:
+            collection_index_write(
+                collection_id=document.collection_id,
+                mutate=lambda index: _remove(index, chunk_ids),
+            )
+        Chunk.objects.filter(document=document).delete()
+        document.status = Document.Status.QUEUED
+        document.stage = Document.Stage.PARSE
+        document.progress = 0
+        document.chunk_count = 0
+        document.embedding_tokens = 0
+        document.parsed = None
+        document.error = ""
+        document.attempts = 0
+        document.indexed_at = None
+        document.save()
+        ingestion_enqueue(document=document)
+    return document

@@ -1,0 +1,90 @@
+"""The embedder and the index store for this process, and every write to an index.
+
+Writes to a collection's index happen with the collection row locked
+(``select_for_update`` on PostgreSQL; SQLite's IMMEDIATE transactions serialise writers),
+read the current version, write version + 1 atomically and move the row to it in the same
+transaction as the chunk changes they reflect.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import numpy as np
+from django.conf import settings
+from django.db import transaction
+
+from apps.knowledge.models import Chunk, Collection
+from retrieval import Embedder, IndexStore, VectorIndex, load_embedder
+
+logger = logging.getLogger(__name__)
+
+
+def embedder() -> Embedder:
+    """The process's embedder, loaded on first use (never at import or in ``ready()``)."""
+    return _embedder(settings.EMBEDDER_BACKEND, tuple(sorted(settings.EMBEDDER_OPTIONS.items())))
+
+
+@functools.cache
+def _embedder(backend: str, options: tuple[tuple[str, Any], ...]) -> Embedder:
+    return load_embedder(backend, **dict(options))
+
+
+def index_store() -> IndexStore:
+    return _index_store(str(settings.INDEX_DIR), embedder().dimension, settings.VECTOR_INDEX_KIND)
+
+
+@functools.cache
+def _index_store(root: str, dimension: int, kind: str) -> IndexStore:
+    return IndexStore(root, dimension=dimension, kind=kind)  # type: ignore[arg-type]
+
+
+def vector_from_bytes(data: bytes | memoryview) -> np.ndarray:
+    return np.frombuffer(bytes(data), dtype=np.float32)
+
+
+def chunk_vectors(chunks: Iterable[Chunk]) -> tuple[np.ndarray, np.ndarray]:
+    rows = [(chunk.pk, vector_from_bytes(chunk.embedding)) for chunk in chunks if chunk.embedding]
+    dimension = embedder().dimension
+    if not rows:
+        return np.zeros(0, dtype=np.int64), np.zeros((0, dimension), dtype=np.float32)
+    ids = np.array([pk for pk, _ in rows], dtype=np.int64)
+    return ids, np.vstack([vector for _, vector in rows]).astype(np.float32)
+
+
+def collection_index_write(
+    *, collection_id: int, mutate: Callable[[VectorIndex], None]
+) -> Collection:
+    """Apply ``mutate`` to a copy of the collection's index and publish it as a new version.
+
+    Call inside ``transaction.atomic`` together with the row changes the write reflects.
+    """
+    collection = Collection.objects.select_for_update().get(pk=collection_id)
+    store = index_store()
+    index = store.load_copy(collection.index_key, collection.index_version)
+    mutate(index)
+    version = collection.index_version + 1
+    store.save(collection.index_key, version, index)
+    Collection.objects.filter(pk=collection.pk).update(index_version=version)
+    collection.index_version = version
+    # One version stays behind for searches that read the row just before this commit.
+    transaction.on_commit(lambda: store.prune(collection.index_key, keep_from=version - 1))
+    return collection
+
+
+def collection_index_rebuild(*, collection_id: int) -> Collection:
+    """Rebuild a collection's index from the vectors kept on its chunks."""
+    with transaction.atomic():
+        chunks = Chunk.objects.filter(collection_id=collection_id, document__status="indexed").only(
+            "pk", "embedding"
+        )
+        ids, vectors = chunk_vectors(chunks)
+
+        def replace(index: VectorIndex) -> None:
+            index.remove(index.ids())
+            index.add(ids, vectors)
+
+        return collection_index_write(collection_id=collection_id, mutate=replace)

@@ -1,0 +1,13 @@
+"""The one environment reader. Every setting that varies by deployment is read here."""
+
+from pathlib import Path
+
+import environ
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+env = environ.Env()
+
+DATA_DIR = Path(env.path("RAGTIER_DATA_DIR", default=str(BASE_DIR / "data")))
+# The embedded default keeps its database, indexes and uploads here: make sure it exists.
+DATA_DIR.mkdir(parents=True, exist_ok=True)

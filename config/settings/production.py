@@ -1,0 +1,31 @@
+"""Production: PostgreSQL, Redis, secrets from the environment with no defaults.
+
+Start-up fails with one message naming every missing setting, rather than one at a time.
+"""
+
+from django.core.exceptions import ImproperlyConfigured
+
+from config.env import BASE_DIR, env
+
+_REQUIRED = ("DJANGO_SECRET_KEY", "DATABASE_URL", "REDIS_URL", "DJANGO_ALLOWED_HOSTS")
+_missing = [name for name in _REQUIRED if not env.str(name, default="")]
+if _missing:
+    raise ImproperlyConfigured(
+        "Production settings need these environment variables: " + ", ".join(_missing)
+    )
+
+from config.settings.base import *  # noqa: E402, F403
+
+DEBUG = False
+SECRET_KEY = env.str("DJANGO_SECRET_KEY")
+SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+SESSION_COOKIE_SECURE = env.bool("DJANGO_SECURE_COOKIES", default=True)
+CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
+SECURE_CONTENT_TYPE_NOSNIFF = True
+X_FRAME_OPTIONS = "DENY"
+WHITENOISE_USE_FINDERS = False
+STATIC_ROOT = env.path("DJANGO_STATIC_ROOT", default=str(BASE_DIR / "staticfiles"))
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"},
+}

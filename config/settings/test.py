@@ -1,0 +1,26 @@
+"""Test settings: fast fakes by default; integration tests switch to the real parts.
+
+The database is PostgreSQL when DATABASE_URL says so (CI), SQLite otherwise; both pass.
+"""
+
+import tempfile
+from pathlib import Path
+
+from config.env import env
+from config.settings.base import *  # noqa: F403
+from config.settings.base import DATABASES
+
+DATA_DIR = Path(env.str("RAGTIER_TEST_DATA_DIR", default="") or tempfile.mkdtemp(prefix="ragtier-"))
+INDEX_DIR = DATA_DIR / "indexes"
+MEDIA_ROOT = DATA_DIR / "media"
+
+EMBEDDER_BACKEND = env.str("EMBEDDER_BACKEND", default="retrieval.embedders.FakeEmbedder")
+CELERY_TASK_ALWAYS_EAGER = env.bool("CELERY_TASK_ALWAYS_EAGER", default=True)
+CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default="memory://")
+CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {}
+
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # A file, not memory, so that a real worker process can share the test database.
+    DATABASES["default"]["TEST"] = {"NAME": str(DATA_DIR / "test.sqlite3")}

@@ -1,0 +1,16 @@
+from django.contrib import admin
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+
+urlpatterns = [
+    path("", include("apps.core.urls")),
+    path("admin/", admin.site.urls),
+    path("api/v1/", include("apps.knowledge.urls")),
+    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
+]
+
+handler400 = "apps.core.apis.bad_request"
+handler403 = "apps.core.apis.permission_denied"
+handler404 = "apps.core.apis.not_found"
+handler500 = "apps.core.apis.server_error"

@@ -1,0 +1,157 @@
+"""Token-aware chunking that follows the document's own structure.
+
+Chunks are measured with the embedding model's tokenizer so that none is silently
+truncated by the model (MiniLM reads 256 word pieces at most). A chunk never crosses a
+heading boundary, prefers to break between paragraphs, falls back to sentences and then
+to word windows, and repeats a little of the previous chunk so that a fact straddling a
+break is still found. Each chunk keeps its title and heading path for citations; they
+are also part of the embedded text, because "Installation > Requirements" is context the
+paragraph itself does not repeat.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from itertools import groupby
+
+from retrieval.errors import DocumentTooLarge
+from retrieval.parsing import Block, ParsedDocument
+
+TokenCounter = Callable[[str], int]
+
+_SENTENCE_END = re.compile(r"(?<=[.!?;:])\s+(?=\S)")
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    index: int
+    text: str
+    title: str
+    headings: tuple[str, ...]
+    token_count: int
+    """Word pieces of :attr:`embedding_text`, without the model's special tokens."""
+
+    @property
+    def embedding_text(self) -> str:
+        return embedding_text(self.title, self.headings, self.text)
+
+
+def embedding_text(title: str, headings: tuple[str, ...], text: str) -> str:
+    context = " > ".join(part for part in (title, *headings) if part)
+    return f"{context}\n{text}" if context else text
+
+
+@dataclass(frozen=True, slots=True)
+class _Unit:
+    paragraph: int
+    text: str
+    tokens: int
+
+
+def chunk_document(
+    document: ParsedDocument,
+    *,
+    count_tokens: TokenCounter,
+    max_tokens: int,
+    overlap_tokens: int = 32,
+    max_chunks: int | None = None,
+) -> list[Chunk]:
+    """Split ``document`` into chunks of at most ``max_tokens`` word pieces each."""
+    chunks: list[Chunk] = []
+    sections = groupby(document.blocks, key=lambda block: block.headings)
+    for headings, blocks in sections:
+        context = embedding_text(document.title, headings, "")
+        budget = max_tokens - count_tokens(context) if context else max_tokens
+        if budget < max_tokens // 2:  # an absurd heading path must not starve the text
+            headings, budget = headings[-1:], max_tokens // 2
+        for text in _pack(list(blocks), count_tokens, budget, overlap_tokens):
+            if max_chunks is not None and len(chunks) >= max_chunks:
+                raise DocumentTooLarge(
+                    f"the document makes more than {max_chunks} chunks", code="too_many_chunks"
+                )
+            tokens = count_tokens(embedding_text(document.title, headings, text))
+            chunks.append(Chunk(len(chunks), text, document.title, headings, tokens))
+    return chunks
+
+
+def _pack(
+    blocks: list[Block], count_tokens: TokenCounter, budget: int, overlap_tokens: int
+) -> Iterator[str]:
+    current: list[_Unit] = []
+    used = 0
+    fresh = 0  # units in ``current`` not carried over from the previous chunk
+
+    def take_overlap(emitted: list[_Unit]) -> list[_Unit]:
+        tail: list[_Unit] = []
+        total = 0
+        for unit in reversed(emitted[1:]):
+            if total + unit.tokens > overlap_tokens:
+                break
+            tail.insert(0, unit)
+            total += unit.tokens
+        return tail
+
+    for number, block in enumerate(blocks):
+        units = list(_split(block.text, number, count_tokens, budget))
+        size = sum(unit.tokens for unit in units)
+        # Start a fresh chunk rather than cut a paragraph, when the current one is half full.
+        if fresh and used + size > budget and used >= budget // 2:
+            yield _join(current)
+            current = take_overlap(current)
+            used, fresh = sum(u.tokens for u in current), 0
+        for unit in units:
+            if used + unit.tokens > budget and fresh:
+                yield _join(current)
+                current = take_overlap(current)
+                used, fresh = sum(u.tokens for u in current), 0
+            if used + unit.tokens > budget:  # the overlap itself leaves no room
+                current, used = [], 0
+            current.append(unit)
+            used += unit.tokens
+            fresh += 1
+    if fresh:
+        yield _join(current)
+
+
+def _split(text: str, paragraph: int, count_tokens: TokenCounter, budget: int) -> Iterator[_Unit]:
+    """A paragraph as one unit if it fits, else as sentences, else as word windows."""
+    tokens = count_tokens(text)
+    if tokens <= budget:
+        yield _Unit(paragraph, text, tokens)
+        return
+    for sentence in _SENTENCE_END.split(text):
+        tokens = count_tokens(sentence)
+        if tokens <= budget:
+            yield _Unit(paragraph, sentence, tokens)
+            continue
+        window: list[str] = []
+        used = 0
+        for word in sentence.split():
+            size = count_tokens(word)
+            if window and used + size > budget:
+                yield _Unit(paragraph, " ".join(window), used)
+                window, used = [], 0
+            # A single "word" longer than the budget (a base64 blob) is cut by characters.
+            while size > budget:
+                cut = max(1, len(word) * budget // size)
+                yield _Unit(paragraph, word[:cut], count_tokens(word[:cut]))
+                word = word[cut:]
+                size = count_tokens(word)
+            window.append(word)
+            used += size
+        if window:
+            yield _Unit(paragraph, " ".join(window), used)
+
+
+def _join(units: list[_Unit]) -> str:
+    parts: list[str] = []
+    previous = -1
+    for unit in units:
+        if parts and unit.paragraph == previous:
+            parts[-1] += " " + unit.text
+        else:
+            parts.append(unit.text)
+        previous = unit.paragraph
+    return "\n\n".join(parts)

