@@ -1,3 +1,5 @@
+import itertools
+
 import pytest
 
 from retrieval import Block, DocumentTooLarge, FakeEmbedder, ParsedDocument, chunk_document
@@ -48,7 +50,7 @@ def test_overlap_repeats_the_tail_of_the_previous_chunk() -> None:
     doc = ParsedDocument("", [Block(sentences)])
     chunks = chunk_document(doc, count_tokens=count, max_tokens=30, overlap_tokens=8)
     assert len(chunks) >= 3
-    for previous, current in zip(chunks, chunks[1:], strict=False):
+    for previous, current in itertools.pairwise(chunks):
         last_sentence = previous.text.split(". ")[-1]
         assert current.text.startswith(last_sentence.rstrip("."))
 

@@ -44,7 +44,10 @@ def make_pdf(pages: list[str]) -> bytes:
 
 
 def test_markdown_keeps_heading_path_and_drops_the_title_heading() -> None:
-    text = "# Guide\n\nIntro para.\n\n## Install\n\nRun make.\n\n### Linux\n\nUse apt.\n\n## Use\n\nAsk."
+    text = (
+        "# Guide\n\nIntro para.\n\n## Install\n\nRun make.\n\n"
+        "### Linux\n\nUse apt.\n\n## Use\n\nAsk."
+    )
     doc = parse_document(text.encode(), media_type=MARKDOWN, title="")
     assert doc.title == "Guide"
     assert [(b.headings, b.text) for b in doc.blocks] == [

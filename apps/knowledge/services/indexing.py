@@ -56,15 +56,17 @@ def chunk_vectors(chunks: Iterable[Chunk]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def collection_index_write(
-    *, collection_id: int, mutate: Callable[[VectorIndex], None]
+    *, collection_id: int, mutate: Callable[[VectorIndex], None], from_scratch: bool = False
 ) -> Collection:
     """Apply ``mutate`` to a copy of the collection's index and publish it as a new version.
 
     Call inside ``transaction.atomic`` together with the row changes the write reflects.
+    ``from_scratch`` starts from an empty index instead of the current (maybe lost) one.
     """
     collection = Collection.objects.select_for_update().get(pk=collection_id)
     store = index_store()
-    index = store.load_copy(collection.index_key, collection.index_version)
+    version = 0 if from_scratch else collection.index_version
+    index = store.load_copy(collection.index_key, version)
     mutate(index)
     version = collection.index_version + 1
     store.save(collection.index_key, version, index)
@@ -83,8 +85,8 @@ def collection_index_rebuild(*, collection_id: int) -> Collection:
         )
         ids, vectors = chunk_vectors(chunks)
 
-        def replace(index: VectorIndex) -> None:
-            index.remove(index.ids())
-            index.add(ids, vectors)
-
-        return collection_index_write(collection_id=collection_id, mutate=replace)
+        return collection_index_write(
+            collection_id=collection_id,
+            mutate=lambda index: index.add(ids, vectors),
+            from_scratch=True,
+        )

@@ -85,7 +85,9 @@ def test_session_user_acts_for_their_team_and_needs_csrf(team: Team, django_user
 def test_createteam_and_createapikey_commands(db: None) -> None:
     call_command("createteam", "initech", stderr=StringIO())
     out = StringIO()
-    call_command("createapikey", "--team", "initech", "--scopes", "read", "--name", "ci", stdout=out)
+    call_command(
+        "createapikey", "--team", "initech", "--scopes", "read", "--name", "ci", stdout=out
+    )
     secret = out.getvalue().strip()
     assert secret.startswith("rt_") and "\n" not in secret
     key = ApiKey.objects.get(name="ci")

@@ -50,14 +50,26 @@ def test_upload_ingest_search_delete(api: APIClient, team: Team) -> None:
     queued = add_text(api, collection_id, "Pets", "Cats sleep sixteen hours a day.")
     assert queued["status"] == "queued" and queued["progress"] == 0
     document = api.get(f"/api/v1/documents/{queued['id']}").json()
-    assert (document["status"], document["progress"], document["chunk_count"]) == ("indexed", 100, 1)
+    assert (document["status"], document["progress"], document["chunk_count"]) == (
+        "indexed",
+        100,
+        1,
+    )
     add_text(api, collection_id, "Space", "Jupiter is the largest planet of the solar system.")
 
-    results = api.post("/api/v1/search", {"query": "largest planet"}, format="json").json()["results"]
+    results = api.post("/api/v1/search", {"query": "largest planet"}, format="json").json()[
+        "results"
+    ]
     assert results[0]["title"] == "Space"
     assert results[0]["score"] >= results[-1]["score"]
     assert set(results[0]) == {
-        "chunk_id", "document_id", "collection_id", "title", "headings", "chunk_index", "score",
+        "chunk_id",
+        "document_id",
+        "collection_id",
+        "title",
+        "headings",
+        "chunk_index",
+        "score",
         "snippet",
     }
 
@@ -214,8 +226,11 @@ def test_other_teams_objects_are_404_and_never_searched(
     own = create_collection(intruder, "mine")
     add_text(intruder, own, "Mine", "Swordfish recipes and launch parties.")
 
-    for path in (f"/api/v1/collections/{collection_id}", f"/api/v1/documents/{secret['id']}",
-                 f"/api/v1/collections/{collection_id}/documents"):
+    for path in (
+        f"/api/v1/collections/{collection_id}",
+        f"/api/v1/documents/{secret['id']}",
+        f"/api/v1/collections/{collection_id}/documents",
+    ):
         response = intruder.get(path)
         assert (response.status_code, error_of(response)["code"]) == (404, "not_found"), path
     assert intruder.delete(f"/api/v1/documents/{secret['id']}").status_code == 404
@@ -225,7 +240,8 @@ def test_other_teams_objects_are_404_and_never_searched(
     )
     assert response.status_code == 404
     response = intruder.post(
-        "/api/v1/search", {"query": "launch code swordfish", "collections": [collection_id]},
+        "/api/v1/search",
+        {"query": "launch code swordfish", "collections": [collection_id]},
         format="json",
     )
     assert response.status_code == 404

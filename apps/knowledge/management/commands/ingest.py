@@ -31,6 +31,7 @@ class Command(BaseCommand):
             action="store_true",
             help="hand documents to the Celery workers instead of ingesting in this process",
         )
+        parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     def handle(self, *args: Any, **options: Any) -> None:
         team = team_get_by_name(name=options["team"])
@@ -43,7 +44,7 @@ class Command(BaseCommand):
         if not files:
             raise CommandError("no txt, md, html or pdf files under the given paths")
         counts = {"indexed": 0, "existing": 0, "queued": 0, "failed": 0}
-        with tqdm(files, unit="doc", disable=None, file=self.stderr) as bar:
+        with tqdm(files, unit="doc", disable=options["no_progress"], file=self.stderr) as bar:
             for path in bar:
                 bar.set_postfix_str(path.name[-40:])
                 counts[self._load(collection, path, queue=options["queue"])] += 1
