@@ -345,8 +345,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows = [(name, ours, "") for name, ours, _ in rows]
         header = ("", "ragtier chunks", "")
 
-    print(f"query embedding: {len(query_ids)} queries, {queried.token_count:,} tokens, "
-          f"{seconds_text(queried)}")
+    print(
+        f"query embedding: {len(query_ids)} queries, {queried.token_count:,} tokens, "
+        f"{seconds_text(queried)}"
+    )
     print()
     width = max(len(name) for name, _, _ in rows)
     print(f"{header[0]:<{width}}  {header[1]:>20}  {header[2]:>24}".rstrip())
