@@ -12,6 +12,7 @@ from rest_framework.views import APIView
 
 from apps.accounts.permissions import get_caller
 from apps.core.pagination import Pagination
+from apps.core.validation import validated
 from apps.knowledge import selectors, services
 from apps.knowledge.models import Collection, Document
 
@@ -70,7 +71,7 @@ class CollectionListCreateApi(APIView):
     @extend_schema(request=InputSerializer, responses={201: CollectionOutput})
     def post(self, request: Request) -> Response:
         """Create a collection: a set of documents with its own vector index."""
-        data = _valid(self.InputSerializer, request)
+        data = validated(self.InputSerializer, request)
         collection = services.collection_create(team=get_caller(request).team, **data)
         return Response(CollectionOutput(collection).data, status=status.HTTP_201_CREATED)
 
@@ -148,7 +149,7 @@ class CollectionDocumentsApi(APIView):
         collection = selectors.collection_get(
             team=get_caller(request).team, collection_id=collection_id
         )
-        data = _valid(self.InputSerializer, request)
+        data = validated(self.InputSerializer, request)
         if "file" in data:
             accepted = services.document_create_from_file(
                 collection=collection, upload=data["file"], title=str(data["title"])
@@ -213,17 +214,11 @@ class SearchApi(APIView):
     def post(self, request: Request) -> Response:
         """Retrieval only: the chunks closest to ``query``, best first, across the caller's
         collections (all of them unless ``collections`` names some)."""
-        data = _valid(self.InputSerializer, request)
+        data = validated(self.InputSerializer, request)
         results = services.chunk_search(
             caller=get_caller(request),
             query=str(data["query"]),
-            collection_ids=data.get("collections"),  # type: ignore[arg-type]
-            top_k=int(data["top_k"]),
-        )  # type: ignore[call-overload]
+            collection_ids=data.get("collections"),
+            top_k=data["top_k"],
+        )
         return Response(SearchOutput({"results": results}).data)
-
-
-def _valid(serializer_class: type[serializers.Serializer], request: Request) -> dict:  # type: ignore[type-arg]
-    serializer = serializer_class(data=request.data)
-    serializer.is_valid(raise_exception=True)
-    return dict(serializer.validated_data)

@@ -14,6 +14,7 @@ from apps.knowledge.models import Chunk, Collection, Document
 from apps.knowledge.services import (
     STAGE_FUNCTIONS,
     document_create_from_text,
+    document_delete,
     document_ingest,
     document_reingest,
     documents_requeue_stalled,
@@ -153,3 +154,17 @@ def test_ingest_command_loads_a_folder_with_progress(team: Team, tmp_path: Path)
     assert Document.objects.filter(status="indexed").count() == 2
     with pytest.raises(CommandError, match="no team"):
         call_command("ingest", str(tmp_path), team="nope", collection="x", stdout=out, stderr=err)
+
+
+def test_hnsw_by_setting_supports_delete_and_search(team: Team, settings: object) -> None:
+    settings.VECTOR_INDEX_KIND = "hnsw"  # type: ignore[attr-defined]
+    collection = factories.collection(team=team)
+    keep = factories.document(collection=collection, title="Keep", text="Jupiter is large.")
+    drop = factories.document(collection=collection, title="Drop", text="Mercury is small.")
+    document_delete(document=drop)
+    collection.refresh_from_db()
+    index = index_store().load(collection.index_key, collection.index_version)
+    assert index.kind == "hnsw"
+    assert set(index.ids().tolist()) == set(
+        Chunk.objects.filter(document=keep).values_list("pk", flat=True)
+    )
