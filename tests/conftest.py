@@ -70,3 +70,54 @@ def real_embedder(settings: Any) -> None:
     """The real all-MiniLM-L6-v2 from its package folder, instead of the fake."""
     settings.EMBEDDER_BACKEND = REAL_EMBEDDER
     settings.EMBEDDER_OPTIONS = {"model_path": None, "device": "auto"}
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def llama_server() -> Iterator[str]:
+    """The real embedded inference tier (llama.cpp serving SmolLM2), once per session."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    from config.env import BASE_DIR
+
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "manage.py", "runinference", "--port", str(port), "--n-ctx", "2048"],
+        cwd=BASE_DIR,
+        env={**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings.test"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    base_url = f"http://127.0.0.1:{port}/v1"
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                pytest.fail("the llama.cpp server exited at start-up")
+            try:
+                if httpx.get(f"{base_url}/models", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.3)
+        else:
+            pytest.fail("the llama.cpp server did not start within 120 s")
+        yield base_url
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

@@ -114,5 +114,6 @@ LOGGING = {
 
 from config.settings.api import *  # noqa: E402, F403
 from config.settings.celery import *  # noqa: E402, F403
+from config.settings.inference import *  # noqa: E402, F403
 from config.settings.limits import *  # noqa: E402, F403
 from config.settings.retrieval import *  # noqa: E402, F403

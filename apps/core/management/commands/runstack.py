@@ -9,11 +9,13 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 
+from apps.core.management.commands.runinference import inference_argv
+
 
 class Command(BaseCommand):
     help = (
-        "Run the whole product in the foreground: the ASGI web server and a Celery worker "
-        "(with the periodic jobs). Ctrl-C stops all of them."
+        "Run the whole product in the foreground: the ASGI web server, a Celery worker (with "
+        "the periodic jobs) and the llama.cpp inference tier. Ctrl-C stops all of them."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -53,6 +55,12 @@ class Command(BaseCommand):
                 "--schedule",
                 settings.CELERY_BEAT_SCHEDULE_FILENAME,
             ]
+        if settings.INFERENCE_RUN_LOCAL:
+            commands["inference"] = inference_argv(
+                host=settings.INFERENCE_HOST,
+                port=settings.INFERENCE_PORT,
+                n_ctx=settings.INFERENCE_N_CTX,
+            )
         processes = {name: subprocess.Popen(argv) for name, argv in commands.items()}  # noqa: S603
         self.stdout.write(
             f"ragtier on http://{options['host']}:{options['port']}/ "

