@@ -19,7 +19,14 @@ from retrieval.errors import (
     RetrievalError,
     UnsupportedDocument,
 )
-from retrieval.index import Hit, IndexKind, IndexStore, VectorIndex, gpu_count
+from retrieval.index import (
+    Hit,
+    IndexKind,
+    IndexStore,
+    VectorIndex,
+    gpu_count,
+    set_search_threads,
+)
 from retrieval.parsing import (
     Block,
     ParsedDocument,
@@ -53,4 +60,5 @@ __all__ = [
     "load_embedder",
     "parse_document",
     "pdf_page_count",
+    "set_search_threads",
 ]

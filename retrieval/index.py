@@ -39,6 +39,12 @@ class Hit:
     score: float
 
 
+def set_search_threads(threads: int) -> None:
+    """OpenMP threads FAISS uses; for one query at a time, one is faster than two here."""
+    if threads > 0:
+        faiss.omp_set_num_threads(threads)
+
+
 def gpu_count() -> int:
     return int(faiss.get_num_gpus()) if hasattr(faiss, "get_num_gpus") else 0
 

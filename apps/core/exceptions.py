@@ -16,6 +16,7 @@ from django.http import Http404
 from rest_framework import exceptions as drf
 from rest_framework.response import Response
 
+import inference
 import retrieval
 
 logger = logging.getLogger(__name__)
@@ -68,6 +69,16 @@ class UnsupportedFileType(ApplicationError):
     status, code = 415, "unsupported_file_type"
 
 
+class UpstreamError(ApplicationError):
+    """The inference tier failed: 502 (unavailable, protocol) or 504 (timeout)."""
+
+    type, code = "upstream_error", "inference_unavailable"
+
+    def __init__(self, message: str, *, status: int = 502, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.status = status
+
+
 class ServiceUnavailable(ApplicationError):
     status, type, code = 503, "overloaded", "service_unavailable"
 
@@ -97,6 +108,13 @@ def as_application_error(exc: Exception) -> ApplicationError | None:
     match exc:
         case ApplicationError():
             return exc
+        case inference.ContextLengthExceeded():
+            return InvalidRequest(str(exc), code="context_length_exceeded", param="messages")
+        case inference.InferenceTimeout():
+            return UpstreamError(str(exc), code=exc.code, status=504)
+        case inference.InferenceError():
+            headers = {"Retry-After": str(round(exc.retry_after))} if exc.retry_after else None
+            return UpstreamError(str(exc), code=exc.code, status=502, headers=headers)
         case retrieval.DocumentTooLarge():
             return PayloadTooLarge(str(exc), code=exc.code)
         case retrieval.UnsupportedDocument():

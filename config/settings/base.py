@@ -27,6 +27,7 @@ INSTALLED_APPS = [
     "apps.accounts",
     "apps.knowledge",
     "apps.usage",
+    "apps.chat",
 ]
 
 MIDDLEWARE = [

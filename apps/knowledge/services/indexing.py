@@ -18,7 +18,14 @@ from django.conf import settings
 from django.db import transaction
 
 from apps.knowledge.models import Chunk, Collection
-from retrieval import Embedder, IndexStore, VectorIndex, load_embedder
+from retrieval import (
+    Embedder,
+    EmbedderUnavailable,
+    IndexStore,
+    VectorIndex,
+    load_embedder,
+    set_search_threads,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -30,15 +37,24 @@ def embedder() -> Embedder:
 
 @functools.cache
 def _embedder(backend: str, options: tuple[tuple[str, Any], ...]) -> Embedder:
-    return load_embedder(backend, **dict(options))
+    model = load_embedder(backend, **dict(options))
+    if model.dimension != settings.EMBEDDING_DIMENSION:
+        raise EmbedderUnavailable(
+            f"{model.model_name} makes {model.dimension}-dimensional vectors; set "
+            f"EMBEDDING_DIMENSION={model.dimension} (and rebuild indexes: index_check --repair)."
+        )
+    return model
 
 
 def index_store() -> IndexStore:
-    return _index_store(str(settings.INDEX_DIR), embedder().dimension, settings.VECTOR_INDEX_KIND)
+    return _index_store(
+        str(settings.INDEX_DIR), settings.EMBEDDING_DIMENSION, settings.VECTOR_INDEX_KIND
+    )
 
 
 @functools.cache
 def _index_store(root: str, dimension: int, kind: str) -> IndexStore:
+    set_search_threads(settings.FAISS_THREADS)
     return IndexStore(root, dimension=dimension, kind=kind)  # type: ignore[arg-type]
 
 
@@ -48,7 +64,7 @@ def vector_from_bytes(data: bytes | memoryview) -> np.ndarray:
 
 def chunk_vectors(chunks: Iterable[Chunk]) -> tuple[np.ndarray, np.ndarray]:
     rows = [(chunk.pk, vector_from_bytes(chunk.embedding)) for chunk in chunks if chunk.embedding]
-    dimension = embedder().dimension
+    dimension = settings.EMBEDDING_DIMENSION
     if not rows:
         return np.zeros(0, dtype=np.int64), np.zeros((0, dimension), dtype=np.float32)
     ids = np.array([pk for pk, _ in rows], dtype=np.int64)

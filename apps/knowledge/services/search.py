@@ -5,8 +5,6 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from django.conf import settings
-
 from apps.accounts.selectors import Caller
 from apps.knowledge.models import Chunk, Collection
 from apps.knowledge.selectors import collection_list_readable
@@ -41,6 +39,11 @@ def chunk_search(
     collections = collection_list_readable(team=caller.team, ids=collection_ids)
     model = embedder()
     embedded = model.embed([query])
+    hits: list[Hit] = []
+    for collection in collections:
+        if collection.index_version:
+            hits.extend(_index_for(collection).search(embedded.vectors, top_k)[0])
+    # Charged once the search has succeeded: a failed search costs the team nothing.
     usage_record_embedding(
         team=caller.team,
         model=model.model_name,
@@ -49,10 +52,6 @@ def chunk_search(
         api_key=caller.api_key,
         user=caller.user,
     )
-    hits: list[Hit] = []
-    for collection in collections:
-        if collection.index_version:
-            hits.extend(_index_for(collection).search(embedded.vectors, top_k)[0])
     hits.sort(key=lambda hit: hit.score, reverse=True)
     best = hits[:top_k]
     chunks = Chunk.objects.select_related("document").in_bulk([hit.id for hit in best])
@@ -72,7 +71,3 @@ def _index_for(collection: Collection) -> VectorIndex:
         # Two writes since this request read the row may have pruned its version.
         collection.refresh_from_db(fields=["index_version"])
         return store.load(collection.index_key, collection.index_version)
-
-
-def max_top_k() -> int:
-    return int(settings.MAX_TOP_K)

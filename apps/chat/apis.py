@@ -1,0 +1,271 @@
+"""HTTP for conversations, messages (SSE or JSON), replay, cancel and tokenize."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+from asgiref.sync import async_to_sync, sync_to_async
+from django.conf import settings
+from django.http import HttpResponseBase
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework import serializers, status
+from rest_framework.renderers import JSONRenderer
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from apps.accounts.permissions import get_caller
+from apps.chat import selectors, services
+from apps.chat.models import Conversation, Message
+from apps.chat.services.answers import AnswerEvent
+from apps.chat.sse import EventStreamRenderer, event_stream_response, frame, with_pings
+from apps.core.exceptions import error_response
+from apps.core.pagination import Pagination
+from apps.core.validation import validated
+
+UPSTREAM_STATUS = {"inference_timeout": 504, "queue_full": 503}
+
+
+class MessageOutput(serializers.ModelSerializer[Message]):
+    usage = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Message
+        fields = [
+            "id",
+            "role",
+            "content",
+            "citations",
+            "status",
+            "finish_reason",
+            "model",
+            "usage",
+            "created_at",
+        ]
+
+    def get_usage(self, message: Message) -> dict[str, Any] | None:
+        if message.role != Message.Role.ASSISTANT:
+            return None
+        return {
+            "prompt_tokens": message.prompt_tokens,
+            "cached_tokens": message.cached_tokens,
+            "completion_tokens": message.completion_tokens,
+            "reasoning_tokens": message.reasoning_tokens,
+            "total_tokens": message.prompt_tokens + message.completion_tokens,
+            "ttft_ms": message.ttft_ms,
+            "duration_ms": message.duration_ms,
+            "tokens_per_second": message.tokens_per_second,
+            "model": message.model,
+            "source": message.usage_source,
+        }
+
+
+class ConversationOutput(serializers.ModelSerializer[Conversation]):
+    collections = serializers.JSONField(source="collection_ids")
+
+    class Meta:
+        model = Conversation
+        fields = ["id", "title", "collections", "created_at", "updated_at"]
+
+
+class ConversationDetailOutput(ConversationOutput):
+    messages = MessageOutput(many=True)
+
+    class Meta(ConversationOutput.Meta):
+        fields = [*ConversationOutput.Meta.fields, "messages"]
+
+
+class ConversationListCreateApi(APIView):
+    required_scopes = {"GET": "read", "POST": "chat"}
+
+    class InputSerializer(serializers.Serializer[dict[str, Any]]):
+        title = serializers.CharField(max_length=200, required=False, default="", allow_blank=True)
+        collections = serializers.ListField(
+            child=serializers.IntegerField(min_value=1), required=False, max_length=100
+        )
+
+    @extend_schema(responses=ConversationOutput(many=True))
+    def get(self, request: Request) -> Response:
+        """The team's conversations, most recent first."""
+        paginator = Pagination()
+        conversations = selectors.conversation_list(team=get_caller(request).team)
+        page = paginator.paginate_queryset(conversations, request, view=self)
+        return paginator.get_paginated_response(ConversationOutput(page, many=True).data)
+
+    @extend_schema(request=InputSerializer, responses={201: ConversationOutput})
+    def post(self, request: Request) -> Response:
+        """Start a conversation, optionally limited to some collections."""
+        data = validated(self.InputSerializer, request)
+        conversation = services.conversation_create(
+            caller=get_caller(request),
+            title=data["title"],
+            collection_ids=data.get("collections"),
+        )
+        return Response(ConversationOutput(conversation).data, status=status.HTTP_201_CREATED)
+
+
+class ConversationDetailApi(APIView):
+    required_scopes = {"GET": "read", "DELETE": "chat"}
+
+    @extend_schema(responses=ConversationDetailOutput)
+    def get(self, request: Request, conversation_id: int) -> Response:
+        """A conversation with its messages, their citations and usage."""
+        conversation = selectors.conversation_get(
+            team=get_caller(request).team, conversation_id=conversation_id
+        )
+        return Response(ConversationDetailOutput(conversation).data)
+
+    @extend_schema(responses={204: None})
+    def delete(self, request: Request, conversation_id: int) -> Response:
+        """Delete a conversation and its messages."""
+        conversation = selectors.conversation_get(
+            team=get_caller(request).team, conversation_id=conversation_id
+        )
+        services.conversation_delete(conversation=conversation)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class AnswerOutput(serializers.Serializer[services.CollectedAnswer]):
+    id = serializers.IntegerField(source="message_id")
+    content = serializers.CharField()
+    citations = serializers.JSONField()
+    usage = serializers.JSONField()
+    finish_reason = serializers.CharField()
+
+
+class ConversationMessageCreateApi(APIView):
+    required_scopes = {"POST": "chat"}
+    renderer_classes = [JSONRenderer, EventStreamRenderer]
+
+    class InputSerializer(serializers.Serializer[dict[str, Any]]):
+        content = serializers.CharField(max_length=settings.MAX_QUERY_CHARS * 8)
+        collections = serializers.ListField(
+            child=serializers.IntegerField(min_value=1), required=False, max_length=100
+        )
+        model = serializers.CharField(required=False, max_length=64)
+        max_tokens = serializers.IntegerField(required=False, min_value=1)
+        top_k = serializers.IntegerField(
+            required=False, min_value=0, max_value=settings.MAX_TOP_K, default=5
+        )
+        stream = serializers.BooleanField(required=False, default=False)
+        reasoning = serializers.BooleanField(required=False, default=False)
+
+    @extend_schema(
+        request=InputSerializer,
+        responses={
+            201: AnswerOutput,
+            200: OpenApiResponse(
+                description="text/event-stream: message, retrieval, delta, "
+                "reasoning, usage, error, done"
+            ),
+        },
+    )
+    def post(self, request: Request, conversation_id: int) -> HttpResponseBase:
+        """Ask a question in a conversation.
+
+        With ``Accept: text/event-stream`` (or ``"stream": true``) the answer streams as
+        Server-Sent Events; otherwise the answer is returned whole, with status 201.
+        Everything that can fail (validation, retrieval, context length) fails before the
+        first byte; later failures arrive in-band as an ``error`` event, then ``done``.
+        """
+        caller = get_caller(request)
+        conversation = selectors.conversation_get(team=caller.team, conversation_id=conversation_id)
+        data = validated(self.InputSerializer, request)
+        prepared = services.answer_prepare(
+            caller=caller,
+            conversation=conversation,
+            content=data["content"],
+            collection_ids=data.get("collections"),
+            model=data.get("model"),
+            max_tokens=data.get("max_tokens"),
+            top_k=data["top_k"],
+            rag=data["top_k"] > 0,
+            want_reasoning=data["reasoning"],
+        )
+        if data["stream"] or "text/event-stream" in request.headers.get("Accept", ""):
+            return event_stream_response(with_pings(services.answer_events(prepared)))
+        answer = async_to_sync(services.answer_collect)(prepared)
+        if answer.error is not None and not answer.content:
+            code = answer.error["code"]
+            return error_response(UPSTREAM_STATUS.get(code, 502), **answer.error)
+        return Response(AnswerOutput(answer).data, status=status.HTTP_201_CREATED)
+
+
+class MessageEventsApi(APIView):
+    required_scopes = {"GET": "read"}
+    renderer_classes = [EventStreamRenderer, JSONRenderer]
+
+    @extend_schema(responses={200: OpenApiResponse(description="text/event-stream")})
+    def get(self, request: Request, message_id: int) -> HttpResponseBase:
+        """Replay an answer's events after ``Last-Event-ID`` (header or ``?last_event_id=``),
+        following it live until ``done`` if it is still streaming."""
+        message = selectors.message_get(team=get_caller(request).team, message_id=message_id)
+        raw = request.headers.get("Last-Event-ID") or request.query_params.get("last_event_id")
+        after = int(raw) if raw and raw.isdigit() else 0
+        return event_stream_response(_replay(message.pk, after))
+
+
+async def _replay(message_id: int, after: int) -> AsyncIterator[bytes]:
+    idle = 0.0
+    while True:
+        events = await sync_to_async(selectors.message_events_after)(
+            message_id=message_id, after=after
+        )
+        for event in events:
+            after = event.seq
+            yield frame(AnswerEvent(event.seq, event.event, event.data))
+            if event.event == "done":
+                return
+        if not events:
+            idle += 0.2
+            if idle >= 15:
+                yield b": ping\n\n"
+                idle = 0.0
+            status = (
+                await Message.objects.filter(pk=message_id)
+                .values_list("status", flat=True)
+                .afirst()
+            )
+            if (
+                status != Message.Status.STREAMING
+                and not await Message.objects.filter(pk=message_id, events__seq__gt=after).aexists()
+            ):
+                return
+            await asyncio.sleep(0.2)
+        else:
+            idle = 0.0
+
+
+class MessageCancelApi(APIView):
+    required_scopes = {"POST": "chat"}
+
+    @extend_schema(request=None, responses=MessageOutput)
+    def post(self, request: Request, message_id: int) -> Response:
+        """Stop a running answer; the tokens generated so far are billed."""
+        message = selectors.message_get(team=get_caller(request).team, message_id=message_id)
+        services.message_cancel(message=message)
+        return Response(MessageOutput(message).data, status=status.HTTP_202_ACCEPTED)
+
+
+class TokenizeApi(APIView):
+    required_scopes = {"POST": "read"}
+
+    class InputSerializer(serializers.Serializer[dict[str, Any]]):
+        text = serializers.CharField(
+            trim_whitespace=False, allow_blank=True, max_length=settings.MAX_JSON_BODY_BYTES
+        )
+        model = serializers.CharField(required=False, max_length=64)
+
+    class OutputSerializer(serializers.Serializer[dict[str, Any]]):
+        model = serializers.CharField()
+        tokens = serializers.IntegerField()
+
+    @extend_schema(request=InputSerializer, responses=OutputSerializer)
+    def post(self, request: Request) -> Response:
+        """Count ``text`` with the served model's own tokenizer."""
+        data = validated(self.InputSerializer, request)
+        spec = services.model_resolve(alias=data.get("model"))
+        tokens = services.tokenizer().count(data["text"]) if data["text"] else 0
+        return Response(self.OutputSerializer({"model": spec.alias, "tokens": tokens}).data)

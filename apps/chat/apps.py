@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class ChatConfig(AppConfig):
+    name = "apps.chat"
+    label = "chat"

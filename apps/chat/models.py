@@ -1,0 +1,92 @@
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+
+from apps.accounts.models import ApiKey, Team
+
+
+class Conversation(models.Model):
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="conversations")
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True
+    )
+    api_key = models.ForeignKey(ApiKey, on_delete=models.SET_NULL, null=True, blank=True)
+    title = models.CharField(max_length=200, blank=True)
+    collection_ids = models.JSONField(
+        null=True, blank=True, help_text="collections searched by default; empty: all readable"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-updated_at"]
+
+    def __str__(self) -> str:
+        return self.title or f"conversation {self.pk}"
+
+
+class Message(models.Model):
+    """One turn. An assistant message carries its citations and its exact usage.
+
+    ``prompt_tokens`` includes ``cached_tokens``; ``completion_tokens`` includes
+    ``reasoning_tokens``.
+    """
+
+    class Role(models.TextChoices):
+        USER = "user"
+        ASSISTANT = "assistant"
+
+    class Status(models.TextChoices):
+        STREAMING = "streaming"
+        COMPLETE = "complete"
+        FAILED = "failed"
+        CANCELLED = "cancelled"
+
+    conversation = models.ForeignKey(
+        Conversation, on_delete=models.CASCADE, related_name="messages"
+    )
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="messages")
+    role = models.CharField(max_length=16, choices=Role.choices)
+    content = models.TextField(blank=True)
+    reasoning = models.TextField(blank=True)
+    citations = models.JSONField(default=list, blank=True)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.COMPLETE)
+    cancel_requested = models.BooleanField(default=False)
+    finish_reason = models.CharField(max_length=32, blank=True)
+    error = models.JSONField(null=True, blank=True)
+    model = models.CharField(max_length=64, blank=True, help_text="the alias asked for")
+    served_model = models.CharField(max_length=200, blank=True)
+    prompt_tokens = models.PositiveIntegerField(default=0)
+    cached_tokens = models.PositiveIntegerField(default=0)
+    completion_tokens = models.PositiveIntegerField(default=0)
+    reasoning_tokens = models.PositiveIntegerField(default=0)
+    ttft_ms = models.PositiveIntegerField(null=True, blank=True)
+    duration_ms = models.PositiveIntegerField(null=True, blank=True)
+    tokens_per_second = models.FloatField(null=True, blank=True)
+    usage_source = models.CharField(max_length=16, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["created_at", "pk"]
+
+    def __str__(self) -> str:
+        return f"{self.role} {self.pk}"
+
+
+class MessageEvent(models.Model):
+    """The SSE events of an answer, kept for replay and resume (``Last-Event-ID``)."""
+
+    message = models.ForeignKey(Message, on_delete=models.CASCADE, related_name="events")
+    seq = models.PositiveIntegerField()
+    event = models.CharField(max_length=16)
+    data = models.JSONField()
+
+    class Meta:
+        ordering = ["message_id", "seq"]
+        constraints = [
+            models.UniqueConstraint(fields=["message", "seq"], name="message_event_unique_seq")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.message_id}#{self.seq} {self.event}"

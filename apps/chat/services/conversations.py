@@ -1,0 +1,33 @@
+"""Writes for conversations and messages (other than answering)."""
+
+from __future__ import annotations
+
+from apps.accounts.selectors import Caller
+from apps.chat.models import Conversation, Message
+from apps.knowledge.selectors import collection_list_readable
+
+
+def conversation_create(
+    *, caller: Caller, title: str = "", collection_ids: list[int] | None = None
+) -> Conversation:
+    if collection_ids:
+        collection_list_readable(team=caller.team, ids=collection_ids)  # 404 if not readable
+    return Conversation.objects.create(
+        team=caller.team,
+        user=caller.user,
+        api_key=caller.api_key,
+        title=title,
+        collection_ids=collection_ids or None,
+    )
+
+
+def conversation_delete(*, conversation: Conversation) -> None:
+    conversation.delete()
+
+
+def message_cancel(*, message: Message) -> Message:
+    """Ask the process streaming this answer to stop; it bills what was generated."""
+    if message.status == Message.Status.STREAMING:
+        Message.objects.filter(pk=message.pk).update(cancel_requested=True)
+        message.cancel_requested = True
+    return message
