@@ -33,6 +33,7 @@ from apps.chat.services.models import (
 from apps.core.exceptions import as_application_error, error_body
 from apps.knowledge.services import SearchResult, chunk_search
 from inference import (
+    SYSTEM_PROMPT,
     ChatMessage,
     ChatRequest,
     Finished,
@@ -97,7 +98,13 @@ def answer_prepare(
     rag: bool = True,
     want_reasoning: bool = False,
     history: list[ChatMessage] | None = None,
+    instructions: str = "",
 ) -> PreparedAnswer:
+    """Validate, retrieve and assemble; create the message rows. Raises before any byte.
+
+    ``history`` replaces the conversation's stored turns (the OpenAI-compatible surface
+    sends its own); ``instructions`` (a client's system message) follow the system prompt.
+    """
     spec = model_resolve(alias=model)
     output_tokens = output_tokens_resolve(spec=spec, max_tokens=max_tokens)
     results: list[SearchResult] = []
@@ -114,6 +121,7 @@ def answer_prepare(
         question=content,
         passages=passages,
         history=history_of(conversation) if history is None else history,
+        system=f"{SYSTEM_PROMPT}\n\n{instructions}" if instructions else SYSTEM_PROMPT,
         context_window=spec.context_window,
         max_output_tokens=output_tokens,
     )

@@ -1,0 +1,89 @@
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from apps.accounts.models import Team
+from apps.accounts.services import IssuedKey
+from tests.fake_upstream import FakeUpstream, ServerThread, fake_upstream
+
+
+@pytest.fixture
+def upstream(settings: Any) -> Iterator[FakeUpstream]:
+    """The fake inference tier, with the fake tokenizer (counts words and punctuation)."""
+    with fake_upstream() as fake:
+        settings.INFERENCE_BASE_URL = fake.base_url
+        settings.TOKENIZER_BACKEND = "inference.tokenizers.FakeTokenizer"
+        settings.TOKENIZER_OPTIONS = {}
+        settings.INFERENCE_TIMEOUTS = {
+            "connect": 2.0,
+            "first_token": 5.0,
+            "idle": 2.0,
+            "total": 30.0,
+        }
+        yield fake
+
+
+@pytest.fixture
+def asgi_server(transactional_db: None) -> Iterator[str]:
+    """The whole ASGI app (body guard included) served by uvicorn on a real socket."""
+    from config.asgi import application
+
+    with ServerThread(application) as url:
+        yield url
+
+
+@pytest.fixture
+def http(asgi_server: str, issued_key: IssuedKey) -> Iterator[httpx.Client]:
+    headers = {"Authorization": f"Bearer {issued_key.secret}"}
+    with httpx.Client(base_url=asgi_server, headers=headers, timeout=30) as client:
+        yield client
+
+
+def parse_sse(lines: Iterator[str]) -> Iterator[dict[str, Any]]:
+    """SSE frames as dicts: ``{"id", "event", "data"}`` (data decoded), or ``{"comment"}``."""
+    frame: dict[str, Any] = {}
+    data: list[str] = []
+    for line in lines:
+        if line == "":
+            if data or frame:
+                if data:
+                    frame["data"] = json.loads("\n".join(data))
+                yield frame
+            frame, data = {}, []
+        elif line.startswith(":"):
+            yield {"comment": line[1:].strip()}
+        else:
+            name, _, value = line.partition(":")
+            value = value.removeprefix(" ")
+            if name == "data":
+                data.append(value)
+            else:
+                frame[name] = value
+
+
+def conversation_for(client: httpx.Client, **body: Any) -> int:
+    response = client.post("/api/v1/conversations", json=body)
+    assert response.status_code == 201, response.text
+    return int(response.json()["id"])
+
+
+def ask_stream(client: httpx.Client, conversation_id: int, **body: Any) -> list[dict[str, Any]]:
+    with client.stream(
+        "POST",
+        f"/api/v1/conversations/{conversation_id}/messages",
+        json=body,
+        headers={"Accept": "text/event-stream"},
+    ) as response:
+        assert response.status_code == 200, response.read()
+        assert response.headers["content-type"].startswith("text/event-stream")
+        return [f for f in parse_sse(response.iter_lines()) if "comment" not in f]
+
+
+@pytest.fixture
+def acme(team: Team) -> Team:
+    return team

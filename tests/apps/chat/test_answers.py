@@ -1,0 +1,332 @@
+"""Answering through the HTTP API, against the fake inference tier on a real socket."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from apps.chat.models import Message, MessageEvent
+from apps.knowledge.models import Collection
+from tests import factories
+from tests.apps.chat.conftest import ask_stream, conversation_for, parse_sse
+from tests.fake_upstream import FakeUpstream
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def usage_fields(usage: dict[str, Any]) -> dict[str, Any]:
+    return {
+        k: usage[k]
+        for k in (
+            "prompt_tokens",
+            "cached_tokens",
+            "completion_tokens",
+            "reasoning_tokens",
+            "total_tokens",
+            "source",
+            "model",
+        )
+    }
+
+
+def seed_collection(team: Any) -> Collection:
+    collection = factories.collection(team=team, name="facts")
+    factories.document(
+        collection=collection,
+        title="Pantry",
+        text="The spare pantry key hangs behind the blue door.",
+    )
+    return collection
+
+
+def test_sse_events_in_order_with_ids_and_headers(
+    upstream: FakeUpstream, http: httpx.Client, team: Any
+) -> None:
+    seed_collection(team)
+    conversation = conversation_for(http)
+    with http.stream(
+        "POST",
+        f"/api/v1/conversations/{conversation}/messages",
+        json={"content": "Where is the pantry key?", "stream": True},
+    ) as response:
+        assert response.headers["cache-control"] == "no-cache"
+        assert response.headers["x-accel-buffering"] == "no"
+        assert "content-encoding" not in response.headers
+        frames = [f for f in parse_sse(response.iter_lines()) if "comment" not in f]
+    names = [f["event"] for f in frames]
+    assert names == ["message", "retrieval", "delta", "delta", "delta", "usage", "done"]
+    assert [int(f["id"]) for f in frames] == list(range(1, len(frames) + 1))
+    assert frames[1]["data"]["citations"][0]["title"] == "Pantry"
+    assert "".join(f["data"]["text"] for f in frames if f["event"] == "delta") == "Hello world."
+    usage = frames[-2]["data"]
+    assert usage["source"] == "counted" and usage["completion_tokens"] == 3
+    assert usage["total_tokens"] == usage["prompt_tokens"] + 3
+    assert frames[-1]["data"] == {
+        "message_id": frames[0]["data"]["message_id"],
+        "finish_reason": "stop",
+    }
+    # The prompt sent upstream carries the retrieved passage as numbered data.
+    sent = upstream.requests[0]
+    assert sent["stream"] is True and sent["stream_options"] == {"include_usage": True}
+    assert "[1] Pantry" in sent["messages"][-1]["content"]
+
+
+@pytest.mark.parametrize("usage_mode", ["none", "final_chunk", "on_content"])
+def test_streaming_and_json_record_identical_usage(
+    upstream: FakeUpstream, http: httpx.Client, usage_mode: str
+) -> None:
+    upstream.script.usage = usage_mode  # type: ignore[assignment]
+    conversation = conversation_for(http)
+    frames = ask_stream(http, conversation, content="Say hello", top_k=0)
+    streamed = next(f["data"] for f in frames if f["event"] == "usage")
+    conversation = conversation_for(http)
+    response = http.post(
+        f"/api/v1/conversations/{conversation}/messages", json={"content": "Say hello", "top_k": 0}
+    )
+    assert response.status_code == 201
+    body = response.json()
+    assert body["content"] == "Hello world." and body["finish_reason"] == "stop"
+    assert usage_fields(body["usage"]) == usage_fields(streamed)
+    assert streamed["source"] == ("counted" if usage_mode == "none" else "upstream")
+    stored = Message.objects.get(pk=body["id"])
+    assert (stored.prompt_tokens, stored.completion_tokens) == (
+        streamed["prompt_tokens"],
+        streamed["completion_tokens"],
+    )
+
+
+def test_reasoning_seed_is_stored_and_reported_as_such(
+    upstream: FakeUpstream, http: httpx.Client
+) -> None:
+    upstream.script.reasoning = ["Let me ", "think."]
+    upstream.script.usage = "final_chunk"
+    upstream.script.usage_override = {
+        "prompt_tokens": 75,
+        "completion_tokens": 1186,
+        "total_tokens": 1261,
+        "completion_tokens_details": {"reasoning_tokens": 1024},
+    }
+    conversation = conversation_for(http)
+    frames = ask_stream(http, conversation, content="Think first", top_k=0, reasoning=True)
+    assert "".join(f["data"]["text"] for f in frames if f["event"] == "reasoning") == (
+        "Let me think."
+    )
+    usage = next(f["data"] for f in frames if f["event"] == "usage")
+    assert (
+        usage["prompt_tokens"],
+        usage["completion_tokens"],
+        usage["reasoning_tokens"],
+        usage["total_tokens"],
+    ) == (75, 1186, 1024, 1261)
+    message = Message.objects.get(pk=frames[0]["data"]["message_id"])
+    assert (message.completion_tokens - message.reasoning_tokens) == 162
+    # Without asking, no reasoning events are sent (but the tokens are billed the same).
+    frames = ask_stream(http, conversation_for(http), content="Think first", top_k=0)
+    assert not any(f["event"] == "reasoning" for f in frames)
+
+
+def test_reasoning_that_exhausts_max_tokens_says_so(
+    upstream: FakeUpstream, http: httpx.Client
+) -> None:
+    upstream.script.reasoning = ["hmm"] * 4
+    upstream.script.tokens = []
+    upstream.script.finish_reason = "length"
+    frames = ask_stream(http, conversation_for(http), content="Deep", top_k=0, max_tokens=4)
+    error = next(f["data"] for f in frames if f["event"] == "error")
+    assert error["code"] == "reasoning_budget_exhausted"
+    assert frames[-1]["event"] == "done" and frames[-1]["data"]["finish_reason"] == "length"
+
+
+def test_retry_before_the_first_token_never_after(
+    upstream: FakeUpstream, http: httpx.Client
+) -> None:
+    upstream.script.fail_status, upstream.script.retry_after = 503, "0"
+    frames = ask_stream(http, conversation_for(http), content="Hi", top_k=0)
+    assert len(upstream.requests) == 2
+    assert "".join(f["data"]["text"] for f in frames if f["event"] == "delta") == "Hello world."
+
+    upstream.requests.clear()
+    upstream.script.fail_status = None
+    upstream.script.tokens = ["one", " two", " three", " four"]
+    upstream.script.drop_after = 2
+    frames = ask_stream(http, conversation_for(http), content="Hi", top_k=0)
+    assert len(upstream.requests) == 1  # no retry once text has been sent: no duplicates
+    assert "".join(f["data"]["text"] for f in frames if f["event"] == "delta") == "one two"
+    assert [f["event"] for f in frames][-3:] == ["error", "usage", "done"]
+    error = next(f["data"] for f in frames if f["event"] == "error")
+    assert error["type"] == "upstream_error" and error["code"] == "inference_unavailable"
+    usage = next(f["data"] for f in frames if f["event"] == "usage")
+    assert usage["completion_tokens"] == 2  # the partial answer is billed
+
+
+@pytest.mark.parametrize(
+    ("fault", "code"),
+    [
+        ({"malformed_after": 1}, "inference_protocol_error"),
+        ({"stall_after": 1}, "inference_timeout"),
+    ],
+)
+def test_faults_after_the_first_token_arrive_in_band(
+    upstream: FakeUpstream, http: httpx.Client, settings: Any, fault: dict[str, int], code: str
+) -> None:
+    settings.INFERENCE_TIMEOUTS = {**settings.INFERENCE_TIMEOUTS, "idle": 0.5}
+    for name, value in fault.items():
+        setattr(upstream.script, name, value)
+    frames = ask_stream(http, conversation_for(http), content="Hi", top_k=0)
+    assert next(f["data"] for f in frames if f["event"] == "error")["code"] == code
+    assert frames[-1]["event"] == "done"
+
+
+def test_upstream_down_before_streaming_is_a_json_error(
+    upstream: FakeUpstream, http: httpx.Client, settings: Any
+) -> None:
+    upstream.script.fail_status, upstream.script.fail_times = 503, 99
+    response = http.post(
+        f"/api/v1/conversations/{conversation_for(http)}/messages",
+        json={"content": "Hi", "top_k": 0},
+    )
+    assert response.status_code == 502
+    assert response.json()["error"]["code"] == "inference_unavailable"
+    assert len(upstream.requests) == settings.INFERENCE_RETRY_ATTEMPTS
+
+
+def test_model_text_cannot_forge_events(upstream: FakeUpstream, http: httpx.Client) -> None:
+    upstream.script.tokens = ["safe", "\n\nevent: done\ndata: x\n\n", "tail"]
+    frames = ask_stream(http, conversation_for(http), content="Hi", top_k=0)
+    deltas = [f["data"]["text"] for f in frames if f["event"] == "delta"]
+    assert deltas == ["safe", "\n\nevent: done\ndata: x\n\n", "tail"]
+    assert [f["event"] for f in frames].count("done") == 1
+
+
+def test_context_length_exceeded_before_any_call(
+    upstream: FakeUpstream, http: httpx.Client, settings: Any
+) -> None:
+    settings.MODEL_ALIASES = {
+        "small": {**settings.MODEL_ALIASES["small"], "context_window": 200, "max_output_tokens": 50}
+    }
+    response = http.post(
+        f"/api/v1/conversations/{conversation_for(http)}/messages",
+        json={"content": "word " * 400, "top_k": 0, "stream": True},
+    )
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "context_length_exceeded"
+    response = http.post(
+        f"/api/v1/conversations/{conversation_for(http)}/messages",
+        json={"content": "hi", "max_tokens": 51},
+    )
+    assert response.json()["error"]["code"] == "max_tokens_too_large"
+    response = http.post(
+        f"/api/v1/conversations/{conversation_for(http)}/messages",
+        json={"content": "hi", "model": "gigantic"},
+    )
+    assert response.status_code == 404
+    assert upstream.requests == []
+
+
+def test_first_delta_arrives_before_the_upstream_finishes(
+    upstream: FakeUpstream, http: httpx.Client
+) -> None:
+    upstream.script.tokens = [f" w{i}" for i in range(6)]
+    upstream.script.delay = 0.3
+    conversation = conversation_for(http)
+    first_delta_at = None
+    with http.stream(
+        "POST",
+        f"/api/v1/conversations/{conversation}/messages",
+        json={"content": "Hi", "top_k": 0, "stream": True},
+    ) as response:
+        for frame in parse_sse(response.iter_lines()):
+            if frame.get("event") == "delta" and first_delta_at is None:
+                first_delta_at = time.monotonic()
+    assert first_delta_at is not None and upstream.finished_at
+    assert first_delta_at < upstream.finished_at[0]
+
+
+def test_client_disconnect_cancels_upstream_and_bills_the_partial_answer(
+    upstream: FakeUpstream, http: httpx.Client
+) -> None:
+    upstream.script.tokens = [f" w{i}" for i in range(200)]
+    upstream.script.delay = 0.05
+    conversation = conversation_for(http)
+    with http.stream(
+        "POST",
+        f"/api/v1/conversations/{conversation}/messages",
+        json={"content": "Hi", "top_k": 0, "stream": True},
+    ) as response:
+        for frame in parse_sse(response.iter_lines()):
+            if frame.get("event") == "delta":
+                message_id = None
+                break
+    left_at = time.monotonic()
+    deadline = left_at + 5
+    while not upstream.disconnected_at and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert upstream.disconnected_at, "the upstream request was not closed"
+    assert upstream.disconnected_at[0] - left_at < 2.0
+    while time.monotonic() < deadline:
+        message = Message.objects.filter(role="assistant").first()
+        if message is not None and message.status == Message.Status.CANCELLED:
+            break
+        time.sleep(0.05)
+    assert message is not None and message.status == Message.Status.CANCELLED
+    assert 1 <= message.completion_tokens < 200
+    assert message.content and message_id is None
+
+
+def test_cancel_from_another_connection(upstream: FakeUpstream, http: httpx.Client) -> None:
+    upstream.script.tokens = [f" w{i}" for i in range(200)]
+    upstream.script.delay = 0.05
+    conversation = conversation_for(http)
+    events = []
+    with http.stream(
+        "POST",
+        f"/api/v1/conversations/{conversation}/messages",
+        json={"content": "Hi", "top_k": 0, "stream": True},
+    ) as response:
+        for frame in parse_sse(response.iter_lines()):
+            events.append(frame)
+            if frame.get("event") == "delta" and len(events) == 3:
+                message_id = events[0]["data"]["message_id"]
+                assert http.post(f"/api/v1/messages/{message_id}/cancel").status_code == 202
+    assert events[-1]["event"] == "done"
+    assert events[-1]["data"]["finish_reason"] == "cancelled"
+    message = Message.objects.get(pk=message_id)
+    assert message.status == "cancelled" and 1 <= message.completion_tokens < 200
+
+
+def test_replay_after_last_event_id_without_gap_or_duplicate(
+    upstream: FakeUpstream, http: httpx.Client
+) -> None:
+    frames = ask_stream(http, conversation_for(http), content="Hi", top_k=0)
+    message_id = frames[0]["data"]["message_id"]
+    assert MessageEvent.objects.filter(message_id=message_id).count() == len(frames)
+    with http.stream(
+        "GET", f"/api/v1/messages/{message_id}/events", headers={"Last-Event-ID": "3"}
+    ) as response:
+        replayed = [f for f in parse_sse(response.iter_lines()) if "comment" not in f]
+    assert [f["id"] for f in replayed] == [f["id"] for f in frames[3:]]
+    assert [f["data"] for f in replayed] == [f["data"] for f in frames[3:]]
+
+
+def test_conversation_history_and_message_listing(
+    upstream: FakeUpstream, http: httpx.Client
+) -> None:
+    conversation = conversation_for(http, title="t")
+    ask_stream(http, conversation, content="First question", top_k=0)
+    ask_stream(http, conversation, content="Second question", top_k=0)
+    roles = [m["role"] for m in upstream.requests[1]["messages"]]
+    assert roles == ["system", "user", "assistant", "user"]
+    assert upstream.requests[1]["messages"][1]["content"] == "First question"
+    detail = http.get(f"/api/v1/conversations/{conversation}").json()
+    assert [m["role"] for m in detail["messages"]] == ["user", "assistant"] * 2
+    assert detail["messages"][1]["usage"]["completion_tokens"] == 3
+
+
+def test_tokenize_counts_with_the_served_tokenizer(
+    upstream: FakeUpstream, http: httpx.Client
+) -> None:
+    response = http.post("/api/v1/tokenize", json={"text": "Hello, world!"})
+    assert response.json() == {"model": "small", "tokens": 4}

@@ -1,0 +1,160 @@
+"""A fake OpenAI-compatible inference tier on a real socket, scripted per test.
+
+It reproduces what llama.cpp's server and vLLM really send (see ``tests/fixtures/wire``):
+no usage at all when streaming (llama.cpp), a usage chunk with empty ``choices`` (vLLM),
+usage riding on a chunk that has content, ``reasoning_content`` deltas; and faults: an
+error status before the first token, a connection dropped mid-stream, a stall, malformed
+JSON, a huge chunk. It records every request and when each client went away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+
+@dataclass
+class Script:
+    tokens: list[str] = field(default_factory=lambda: ["Hello", " world", "."])
+    reasoning: list[str] = field(default_factory=list)
+    delay: float = 0.0
+    usage: Literal["none", "final_chunk", "on_content"] = "none"
+    usage_override: dict[str, Any] | None = None
+    fail_status: int | None = None
+    fail_times: int = 1
+    retry_after: str | None = None
+    drop_after: int | None = None
+    stall_after: int | None = None
+    malformed_after: int | None = None
+    finish_reason: str = "stop"
+    emit_max_tokens: bool = False
+    prompt_tokens: int = 11
+
+
+@dataclass
+class FakeUpstream:
+    script: Script = field(default_factory=Script)
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    disconnected_at: list[float] = field(default_factory=list)
+    finished_at: list[float] = field(default_factory=list)
+    base_url: str = ""
+    _failures: int = 0
+
+    def app(self) -> Starlette:
+        return Starlette(
+            routes=[
+                Route("/v1/chat/completions", self._chat, methods=["POST"]),
+                Route("/v1/models", self._models, methods=["GET"]),
+            ]
+        )
+
+    async def _models(self, request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [{"id": "fake", "object": "model"}]})
+
+    async def _chat(self, request: Request) -> Response:
+        body = await request.json()
+        self.requests.append(body)
+        script = self.script
+        if script.fail_status and self._failures < script.fail_times:
+            self._failures += 1
+            headers = {"retry-after": script.retry_after} if script.retry_after else {}
+            return JSONResponse(
+                {"error": {"message": "busy", "type": "server_error"}},
+                status_code=script.fail_status,
+                headers=headers,
+            )
+        tokens = list(script.tokens)
+        if script.emit_max_tokens:
+            tokens = [f" t{i}" for i in range(int(body["max_tokens"]))]
+        return StreamingResponse(self._stream(script, tokens), media_type="text/event-stream")
+
+    async def _stream(self, script: Script, tokens: list[str]) -> AsyncIterator[bytes]:
+        def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
+            payload = {
+                "id": "chatcmpl-fake",
+                "object": "chat.completion.chunk",
+                "model": "fake",
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+                **extra,
+            }
+            return b"data: " + json.dumps(payload).encode() + b"\n\n"
+
+        usage = script.usage_override or {
+            "prompt_tokens": script.prompt_tokens,
+            "completion_tokens": len(tokens) + len(script.reasoning),
+            "total_tokens": script.prompt_tokens + len(tokens) + len(script.reasoning),
+            "completion_tokens_details": {"reasoning_tokens": len(script.reasoning)},
+        }
+        try:
+            yield chunk({"role": "assistant", "content": ""})
+            for text in script.reasoning:
+                await asyncio.sleep(script.delay)
+                yield chunk({"reasoning_content": text})
+            for number, text in enumerate(tokens):
+                if number == script.drop_after:
+                    raise ConnectionResetError("fake upstream drops the connection")
+                if number == script.stall_after:
+                    await asyncio.sleep(3600)
+                if number == script.malformed_after:
+                    yield b"data: {not json\n\n"
+                await asyncio.sleep(script.delay)
+                yield chunk({"content": text})
+            extra = {"usage": usage} if script.usage == "on_content" else {}
+            yield chunk({}, finish=script.finish_reason, **extra)
+            if script.usage == "final_chunk":
+                payload = {
+                    "id": "chatcmpl-fake",
+                    "object": "chat.completion.chunk",
+                    "model": "fake",
+                    "choices": [],
+                    "usage": usage,
+                }
+                yield b"data: " + json.dumps(payload).encode() + b"\n\n"
+            yield b"data: [DONE]\n\n"
+            self.finished_at.append(time.monotonic())
+        except asyncio.CancelledError:
+            self.disconnected_at.append(time.monotonic())
+            raise
+
+
+class ServerThread:
+    """Any ASGI app served by uvicorn on a free loopback port, in a thread."""
+
+    def __init__(self, app: Any) -> None:
+        config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> str:
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started:
+            if time.monotonic() > deadline:
+                raise RuntimeError("server did not start")
+            time.sleep(0.02)
+        port = self.server.servers[0].sockets[0].getsockname()[1]
+        return f"http://127.0.0.1:{port}"
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+
+@contextmanager
+def fake_upstream() -> Iterator[FakeUpstream]:
+    upstream = FakeUpstream()
+    with ServerThread(upstream.app()) as url:
+        upstream.base_url = f"{url}/v1"
+        yield upstream
