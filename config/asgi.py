@@ -1,4 +1,5 @@
-"""ASGI entry point: Django behind a body-size guard that answers 413 before buffering."""
+"""ASGI entry point: static files, then Django behind a body-size guard (413 before
+Django buffers the body)."""
 
 import os
 
@@ -8,6 +9,6 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.base")
 
 django_application = get_asgi_application()
 
-from apps.core.asgi import BodySizeLimit  # noqa: E402  (needs configured settings)
+from apps.core.asgi import BodySizeLimit, StaticFiles  # noqa: E402  (needs settings)
 
-application = BodySizeLimit(django_application)
+application = StaticFiles(BodySizeLimit(django_application))

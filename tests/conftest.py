@@ -14,6 +14,22 @@ from tests import factories
 REAL_EMBEDDER = "retrieval.embedders.SentenceTransformerEmbedder"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _end_stray_connections(django_db_setup: None, django_db_blocker: Any) -> Iterator[None]:
+    """In-process ASGI servers and async tests leave connections open in their worker
+    threads; on PostgreSQL those would keep the test database from being dropped."""
+    yield
+    from django.db import connection
+
+    with django_db_blocker.unblock():
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                )
+
+
 @pytest.fixture(autouse=True)
 def _data_dir(settings: Any, tmp_path: Path) -> None:
     """Each test gets its own index and upload folders."""

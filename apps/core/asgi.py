@@ -9,8 +9,14 @@ chunked body the moment it passes the limit.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
+
+from django.conf import settings
+from django.contrib.staticfiles import finders
+from django.utils._os import safe_join
+from starlette.responses import FileResponse, PlainTextResponse
 
 from apps.core.limits import body_limit
 
@@ -86,3 +92,34 @@ async def _refuse(send: Send, limit: int, code: str) -> None:
         }
     )
     await send({"type": "http.response.body", "body": body})
+
+
+class StaticFiles:
+    """Serves ``STATIC_URL`` from ``STATIC_ROOT`` when collected, else from the installed
+    apps (Django's finders), with Starlette's file response: async, ETag, HEAD, ranges."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self.prefix = "/" + settings.STATIC_URL.strip("/") + "/"
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path: str = scope.get("path", "")
+        if scope["type"] != "http" or not path.startswith(self.prefix):
+            await self.app(scope, receive, send)
+            return
+        found = self.find(path.removeprefix(self.prefix))
+        response = FileResponse(found) if found else PlainTextResponse("Not found", status_code=404)
+        await response(scope, receive, send)
+
+    @staticmethod
+    def find(relative: str) -> str | None:
+        if not relative or relative.endswith("/"):
+            return None
+        if settings.STATIC_ROOT:
+            try:
+                candidate = safe_join(str(settings.STATIC_ROOT), relative)
+            except Exception:
+                return None
+            return candidate if os.path.isfile(candidate) else None
+        found = finders.find(relative)
+        return found if isinstance(found, str) else None

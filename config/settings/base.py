@@ -33,7 +33,6 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "apps.core.middleware.BodySizeLimitMiddleware",
-    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -89,19 +88,18 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "static/"
-# The embedded default serves assets straight from the installed apps (finders, below);
-# production collects them into the image (DJANGO_STATIC_ROOT), not into the data volume.
+# Static assets are served at the ASGI layer (apps.core.asgi.StaticFiles): from
+# STATIC_ROOT when collected (production collects into the image, DJANGO_STATIC_ROOT),
+# else straight from the installed apps, so the embedded default needs no collectstatic.
 STATIC_ROOT = None
 MEDIA_ROOT = DATA_DIR / "media"
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
-    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
 }
-# Serve admin assets from the installed apps in every mode: no collectstatic step for
-# the embedded default.
-WHITENOISE_USE_FINDERS = True
 
-LOGIN_URL = "/admin/login/"
+LOGIN_URL = "/login"
+LOGOUT_REDIRECT_URL = "/login"
 LOGIN_REDIRECT_URL = "/"
 
 LOGGING = {
