@@ -7,7 +7,8 @@ inference tier uses and counts the *templated* prompt, exactly as the tier will 
   ``tokenizer.chat_template`` rendered by llama-cpp-python's formatter, tokenized with
   special tokens and no extra BOS (what the server does);
 - :class:`HFTokenizer` — for vLLM: the model's Hugging Face tokenizer files and template;
-- :class:`RemoteTokenizer` — asks the tier itself (slower; one HTTP call per count);
+- :class:`RemoteTokenizer` — asks the tier itself (vLLM's ``/tokenize``; one HTTP call
+  per count);
 - :class:`FakeTokenizer` — deterministic, for unit tests.
 """
 
@@ -19,6 +20,8 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol, TypedDict, runtime_checkable
+
+import httpx
 
 from inference.errors import TokenizerUnavailable
 
@@ -112,6 +115,39 @@ class HFTokenizer:
             list(messages), add_generation_prompt=True, tokenize=True
         )
         return len(ids["input_ids"] if isinstance(ids, dict) else ids)
+
+
+class RemoteTokenizer:
+    """Asks the tier to count: vLLM's ``POST /tokenize`` (at the server root, not under
+    ``/v1``) applies the served model's chat template to ``messages``. One HTTP call per
+    count: use it when the tokenizer files are not at hand."""
+
+    def __init__(
+        self,
+        *,
+        base_url: str,
+        model: str,
+        timeout: float = 10.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        root = base_url.rstrip("/").removesuffix("/v1")
+        self._http = httpx.Client(base_url=root, timeout=timeout, transport=transport)
+        self._model = model
+        self.name = model
+
+    def _count(self, body: dict[str, Any]) -> int:
+        try:
+            response = self._http.post("/tokenize", json={"model": self._model, **body})
+            response.raise_for_status()
+            return int(response.json()["count"])
+        except (httpx.HTTPError, KeyError, ValueError) as exc:
+            raise TokenizerUnavailable(f"the tier could not count tokens: {exc!r}") from exc
+
+    def count(self, text: str) -> int:
+        return self._count({"prompt": text, "add_special_tokens": False})
+
+    def count_chat(self, messages: Sequence[ChatMessage]) -> int:
+        return self._count({"messages": list(messages), "add_generation_prompt": True})
 
 
 _WORD = re.compile(r"\w+|[^\w\s]", re.UNICODE)

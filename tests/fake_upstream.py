@@ -41,6 +41,7 @@ class Script:
     finish_reason: str = "stop"
     emit_max_tokens: bool = False
     prompt_tokens: int = 11
+    max_model_len: int | None = None
 
 
 @dataclass
@@ -61,7 +62,10 @@ class FakeUpstream:
         )
 
     async def _models(self, request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [{"id": "fake", "object": "model"}]})
+        model: dict[str, Any] = {"id": "fake", "object": "model"}
+        if self.script.max_model_len:
+            model["max_model_len"] = self.script.max_model_len
+        return JSONResponse({"object": "list", "data": [model]})
 
     async def _chat(self, request: Request) -> Response:
         body = await request.json()

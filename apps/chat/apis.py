@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
-from asgiref.sync import async_to_sync, sync_to_async
+from asgiref.sync import async_to_sync
 from django.conf import settings
 from django.http import HttpResponseBase
 from drf_spectacular.utils import OpenApiResponse, extend_schema
@@ -18,14 +18,22 @@ from rest_framework.views import APIView
 
 from apps.accounts.permissions import get_caller
 from apps.chat import selectors, services
+from apps.chat.events import event_store
 from apps.chat.models import Conversation, Message
 from apps.chat.services.answers import AnswerEvent
-from apps.chat.sse import EventStreamRenderer, event_stream_response, frame, with_pings
+from apps.chat.sse import (
+    PING_SECONDS,
+    EventStreamRenderer,
+    event_stream_response,
+    frame,
+    with_pings,
+)
 from apps.core.exceptions import error_response
 from apps.core.pagination import Pagination
 from apps.core.validation import validated
 
 UPSTREAM_STATUS = {"inference_timeout": 504, "queue_full": 503}
+REPLAY_POLL_SECONDS = 0.2
 
 
 class MessageOutput(serializers.ModelSerializer[Message]):
@@ -208,34 +216,31 @@ class MessageEventsApi(APIView):
 
 
 async def _replay(message_id: int, after: int) -> AsyncIterator[bytes]:
-    idle = 0.0
-    while True:
-        events = await sync_to_async(selectors.message_events_after)(
-            message_id=message_id, after=after
-        )
-        for event in events:
-            after = event.seq
-            yield frame(AnswerEvent(event.seq, event.event, event.data))
-            if event.event == "done":
-                return
-        if not events:
-            idle += 0.2
-            if idle >= 15:
-                yield b": ping\n\n"
-                idle = 0.0
-            status = (
-                await Message.objects.filter(pk=message_id)
-                .values_list("status", flat=True)
-                .afirst()
-            )
-            if (
-                status != Message.Status.STREAMING
-                and not await Message.objects.filter(pk=message_id, events__seq__gt=after).aexists()
-            ):
-                return
-            await asyncio.sleep(0.2)
-        else:
-            idle = 0.0
+    """Stored events after ``after``; while the answer is still streaming, poll for more."""
+    store = event_store()
+    quiet = 0.0
+    try:
+        while True:
+            events = await store.after(message_id, after)
+            for seq, name, data in events:
+                after = seq
+                yield frame(AnswerEvent(seq, name, data))
+                if name == "done":
+                    return
+            if events:
+                quiet = 0.0
+                continue
+            if not await Message.objects.filter(
+                pk=message_id, status=Message.Status.STREAMING
+            ).aexists() and not await store.after(message_id, after):
+                return  # finished (or abandoned) and nothing more to send
+            await asyncio.sleep(REPLAY_POLL_SECONDS)
+            quiet += REPLAY_POLL_SECONDS
+            if quiet >= PING_SECONDS:
+                quiet = 0.0
+                yield b": ping\r\n\r\n"
+    finally:
+        await store.aclose()
 
 
 class MessageCancelApi(APIView):

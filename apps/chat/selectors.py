@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.db.models import QuerySet
 
 from apps.accounts.models import Team
-from apps.chat.models import Conversation, Message, MessageEvent
+from apps.chat.models import Conversation, Message
 from apps.core.exceptions import NotFound
 
 
@@ -25,7 +25,3 @@ def message_get(*, team: Team, message_id: int) -> Message:
     if message is None:
         raise NotFound(f"No message {message_id}.")
     return message
-
-
-def message_events_after(*, message_id: int, after: int) -> list[MessageEvent]:
-    return list(MessageEvent.objects.filter(message_id=message_id, seq__gt=after).order_by("seq"))

@@ -32,8 +32,10 @@ INFERENCE_RETRY_ATTEMPTS = env.int("INFERENCE_RETRY_ATTEMPTS", default=3)
 TOKENIZER_BACKEND = env.str("TOKENIZER_BACKEND", default="inference.tokenizers.GGUFTokenizer")
 TOKENIZER_OPTIONS: dict[str, object] = {"path": INFERENCE_GGUF or None}
 
-# Aliases callers use → the name the tier serves, its context window (None: ask the tier,
-# else this) and the most output tokens one answer may reserve.
+# Aliases callers use → the name the tier serves, its context window (None: read it from
+# the tier's /v1/models, as vLLM reports `max_model_len`; llama.cpp does not, so the small
+# model's default is the n_ctx `runinference` starts it with) and the most output tokens
+# one answer may reserve.
 MODEL_ALIASES: dict[str, dict[str, object]] = {
     "small": {
         "served_name": env.str("MODEL_SMALL_NAME", default="SmolLM2-135M-Instruct"),
@@ -41,5 +43,20 @@ MODEL_ALIASES: dict[str, dict[str, object]] = {
         "max_output_tokens": env.int("MODEL_SMALL_MAX_OUTPUT_TOKENS", default=512),
     },
 }
-MODEL_ALIASES["large"] = MODEL_ALIASES["small"]
+MODEL_ALIASES["large"] = (
+    {
+        "served_name": env.str("MODEL_LARGE_NAME"),
+        "context_window": env.int("MODEL_LARGE_CONTEXT_WINDOW", default=None),
+        "max_output_tokens": env.int("MODEL_LARGE_MAX_OUTPUT_TOKENS", default=2048),
+    }
+    if "MODEL_LARGE_NAME" in env
+    else MODEL_ALIASES["small"]  # one model serves both aliases by default
+)
 DEFAULT_MODEL_ALIAS = "small"
+
+# Answer events kept for replay and resume (Last-Event-ID): in Redis when configured,
+# else in the database.
+STREAM_BUFFER_REDIS_URL = env.str(
+    "STREAM_BUFFER_REDIS_URL", default=env.str("REDIS_URL", default="")
+)
+STREAM_BUFFER_TTL = env.int("STREAM_BUFFER_TTL", default=24 * 3600)

@@ -22,7 +22,8 @@ from asgiref.sync import sync_to_async
 from django.db import transaction
 
 from apps.accounts.selectors import Caller
-from apps.chat.models import Conversation, Message, MessageEvent
+from apps.chat.events import event_store
+from apps.chat.models import Conversation, Message
 from apps.chat.services.models import (
     ModelSpec,
     inference_client,
@@ -179,68 +180,77 @@ async def answer_events(prepared: PreparedAnswer) -> AsyncIterator[AnswerEvent]:
     message = prepared.message
     journal = _Journal(message.pk)
     generation = _Generation()
-    status, error = Message.Status.COMPLETE, None
+    status, error, settled = Message.Status.COMPLETE, None, False
+    client = inference_client()
 
     def emit(name: str, data: dict[str, Any]) -> AnswerEvent:
         return journal.add(name, data)
 
-    yield emit(
-        "message",
-        {
-            "message_id": message.pk,
-            "conversation_id": prepared.conversation.pk,
-            "model": prepared.spec.alias,
-        },
-    )
-    yield emit("retrieval", {"citations": prepared.citations})
-    client = inference_client()
     try:
-        async for event in client.stream_chat(prepared.request):
-            match event:
-                case TextDelta(text=text) | ReasoningDelta(text=text):
-                    if generation.first_token is None:
-                        generation.first_token = time.monotonic()
-                    if isinstance(event, TextDelta):
-                        generation.text.append(text)
-                        yield emit("delta", {"text": text})
-                    else:
-                        generation.reasoning.append(text)
-                        if prepared.want_reasoning:
-                            yield emit("reasoning", {"text": text})
-                case Finished(reason=reason):
-                    generation.finish_reason = reason
-                case UpstreamUsage():
-                    generation.upstream = event
-            if await journal.flush_due() and await _cancel_requested(message.pk):
-                status, generation.finish_reason = Message.Status.CANCELLED, "cancelled"
-                break
+        yield emit(
+            "message",
+            {
+                "message_id": message.pk,
+                "conversation_id": prepared.conversation.pk,
+                "model": prepared.spec.alias,
+            },
+        )
+        yield emit("retrieval", {"citations": prepared.citations})
+        try:
+            async for event in client.stream_chat(prepared.request):
+                match event:
+                    case TextDelta(text=text) | ReasoningDelta(text=text):
+                        if generation.first_token is None:
+                            generation.first_token = time.monotonic()
+                        if isinstance(event, TextDelta):
+                            generation.text.append(text)
+                            yield emit("delta", {"text": text})
+                        else:
+                            generation.reasoning.append(text)
+                            if prepared.want_reasoning:
+                                yield emit("reasoning", {"text": text})
+                    case Finished(reason=reason):
+                        generation.finish_reason = reason
+                    case UpstreamUsage():
+                        generation.upstream = event
+                if await journal.flush_due() and await _cancel_requested(message.pk):
+                    status, generation.finish_reason = Message.Status.CANCELLED, "cancelled"
+                    break
+        except InferenceError as exc:
+            status, error = Message.Status.FAILED, _mapped(exc)
+            generation.finish_reason = "error"
+        finally:
+            await client.aclose()  # closing the connection stops the tier generating
         if generation.finish_reason == "length" and generation.reasoning and not generation.text:
             error = _error(
                 "reasoning_budget_exhausted",
                 "invalid_request_error",
                 "max_tokens ran out during reasoning, before any answer token.",
             )
-    except InferenceError as exc:
-        status = Message.Status.FAILED
-        error = _mapped(exc)
-        generation.finish_reason = "error"
+        if error is not None:
+            yield emit("error", error)
+        usage = await _settle(prepared, generation, status, error)
+        settled = True
+        yield emit("usage", usage)
+        done = emit(
+            "done",
+            {"message_id": message.pk, "finish_reason": generation.finish_reason or "stop"},
+        )
+        await journal.close()
+        yield done
     except (asyncio.CancelledError, GeneratorExit):
-        # The client went away: the upstream request closes with the client below, and
-        # what was generated so far is billed.
-        generation.finish_reason = "cancelled"
-        await asyncio.shield(_settle(prepared, generation, Message.Status.CANCELLED, None))
-        await asyncio.shield(journal.flush())
+        # The client went away: the upstream request is closed (above), and what was
+        # generated so far is billed.
+        if not settled:
+            generation.finish_reason = "cancelled"
+            usage = await asyncio.shield(
+                _settle(prepared, generation, Message.Status.CANCELLED, None)
+            )
+            # Nobody reads these now; a client that resumes with Last-Event-ID does.
+            emit("usage", usage)
+            emit("done", {"message_id": message.pk, "finish_reason": "cancelled"})
+        await asyncio.shield(journal.close())
         raise
-    finally:
-        await client.aclose()
-    if error is not None:
-        yield emit("error", error)
-    usage = await _settle(prepared, generation, status, error)
-    yield emit("usage", usage)
-    yield emit(
-        "done", {"message_id": message.pk, "finish_reason": generation.finish_reason or "stop"}
-    )
-    await journal.flush()
 
 
 def _error(code: str, type: str, message: str) -> dict[str, Any]:
@@ -330,19 +340,19 @@ async def _cancel_requested(message_id: int) -> bool:
 
 
 class _Journal:
-    """Numbers events and writes them in small batches, for replay and resume."""
+    """Numbers events and writes them to the event store in small batches."""
 
     def __init__(self, message_id: int) -> None:
         self.message_id = message_id
         self.seq = 0
-        self.pending: list[MessageEvent] = []
+        self.pending: list[tuple[int, str, dict[str, Any]]] = []
         self.last_flush = time.monotonic()
+        self.store = event_store()
+        self.closed = False
 
     def add(self, name: str, data: dict[str, Any]) -> AnswerEvent:
         self.seq += 1
-        self.pending.append(
-            MessageEvent(message_id=self.message_id, seq=self.seq, event=name, data=data)
-        )
+        self.pending.append((self.seq, name, data))
         return AnswerEvent(self.seq, name, data)
 
     async def flush_due(self) -> bool:
@@ -356,4 +366,10 @@ class _Journal:
         pending, self.pending = self.pending, []
         self.last_flush = time.monotonic()
         if pending:
-            await MessageEvent.objects.abulk_create(pending, ignore_conflicts=True)
+            await self.store.append(self.message_id, pending)
+
+    async def close(self) -> None:
+        await self.flush()
+        if not self.closed:
+            self.closed = True
+            await self.store.aclose()

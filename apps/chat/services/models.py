@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
+import httpx
 from django.conf import settings
 
-from apps.core.exceptions import InvalidRequest, NotFound
+from apps.core.exceptions import InvalidRequest, NotFound, UpstreamError
 from inference import OpenAIClient, Retry, Timeouts, Tokenizer, load_tokenizer
 
 
@@ -32,11 +34,34 @@ def model_resolve(*, alias: str | None) -> ModelSpec:
             code="model_not_found",
             param="model",
         )
+    served_name = str(config["served_name"])
+    window = config.get("context_window")
     return ModelSpec(
         alias=str(alias or name),
-        served_name=str(config["served_name"]),
-        context_window=int(config["context_window"]),
+        served_name=served_name,
+        context_window=int(window) if window else tier_context_window(served_name=served_name),
         max_output_tokens=int(config["max_output_tokens"]),
+    )
+
+
+def tier_context_window(*, served_name: str) -> int:
+    """The context window the tier reports for ``served_name`` (vLLM's ``max_model_len``)."""
+    return _tier_context_window(settings.INFERENCE_BASE_URL, served_name)
+
+
+@functools.cache
+def _tier_context_window(base_url: str, served_name: str) -> int:
+    try:
+        response = httpx.get(f"{base_url.rstrip('/')}/models", timeout=5.0)
+        response.raise_for_status()
+        models = response.json().get("data", [])
+    except (httpx.HTTPError, ValueError) as exc:
+        raise UpstreamError(f"cannot read the context window from the tier: {exc!r}") from exc
+    for model in models:
+        if model.get("id") == served_name and model.get("max_model_len"):
+            return int(model["max_model_len"])
+    raise UpstreamError(
+        f"the tier reports no max_model_len for {served_name!r}; set its context window"
     )
 
 

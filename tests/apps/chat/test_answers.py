@@ -17,6 +17,22 @@ from tests.fake_upstream import FakeUpstream
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
+def redis_url() -> str:
+    import os
+
+    import redis
+
+    url = os.environ.get("REDIS_URL") or "redis://127.0.0.1:6379/15"
+    client = redis.Redis.from_url(url, socket_connect_timeout=1)
+    try:
+        client.flushdb()  # message ids restart with every test database
+    except redis.ConnectionError:
+        pytest.skip(f"no Redis at {url}")
+    finally:
+        client.close()
+    return url
+
+
 def usage_fields(usage: dict[str, Any]) -> dict[str, Any]:
     return {
         k: usage[k]
@@ -297,18 +313,49 @@ def test_cancel_from_another_connection(upstream: FakeUpstream, http: httpx.Clie
     assert message.status == "cancelled" and 1 <= message.completion_tokens < 200
 
 
+@pytest.mark.parametrize("buffer", ["database", "redis"])
 def test_replay_after_last_event_id_without_gap_or_duplicate(
-    upstream: FakeUpstream, http: httpx.Client
+    upstream: FakeUpstream, http: httpx.Client, settings: Any, buffer: str
 ) -> None:
+    if buffer == "redis":
+        settings.STREAM_BUFFER_REDIS_URL = redis_url()
+    else:
+        settings.STREAM_BUFFER_REDIS_URL = ""
     frames = ask_stream(http, conversation_for(http), content="Hi", top_k=0)
     message_id = frames[0]["data"]["message_id"]
-    assert MessageEvent.objects.filter(message_id=message_id).count() == len(frames)
+    stored = MessageEvent.objects.filter(message_id=message_id).count()
+    assert stored == (len(frames) if buffer == "database" else 0)
     with http.stream(
         "GET", f"/api/v1/messages/{message_id}/events", headers={"Last-Event-ID": "3"}
     ) as response:
         replayed = [f for f in parse_sse(response.iter_lines()) if "comment" not in f]
     assert [f["id"] for f in replayed] == [f["id"] for f in frames[3:]]
     assert [f["data"] for f in replayed] == [f["data"] for f in frames[3:]]
+
+
+def test_resume_while_the_answer_is_still_streaming(
+    upstream: FakeUpstream, http: httpx.Client, settings: Any
+) -> None:
+    settings.STREAM_BUFFER_REDIS_URL = redis_url()
+    upstream.script.tokens = [f" w{i}" for i in range(30)]
+    upstream.script.delay = 0.03
+    conversation = conversation_for(http)
+    seen: list[dict[str, Any]] = []
+    with http.stream(
+        "POST",
+        f"/api/v1/conversations/{conversation}/messages",
+        json={"content": "Hi", "top_k": 0, "stream": True},
+    ) as response:
+        for frame in parse_sse(response.iter_lines()):
+            seen.append(frame)
+            if len(seen) == 5:
+                break  # the mobile client loses its connection
+    message_id = seen[0]["data"]["message_id"]
+    with http.stream("GET", f"/api/v1/messages/{message_id}/events?last_event_id=5") as response:
+        rest = [f for f in parse_sse(response.iter_lines()) if "comment" not in f]
+    ids = [int(f["id"]) for f in seen + rest]
+    assert ids == list(range(1, len(ids) + 1))  # no gap, no duplicate
+    assert rest[-1]["event"] == "done"
 
 
 def test_conversation_history_and_message_listing(

@@ -1,0 +1,70 @@
+"""Where an answer's events are kept for replay and resume: Redis when configured (a list
+per message, with a TTL), else the database. Both number events 1, 2, 3… per message."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Protocol
+
+from django.conf import settings
+
+from apps.chat.models import MessageEvent
+
+
+class EventStore(Protocol):
+    async def append(
+        self, message_id: int, events: list[tuple[int, str, dict[str, Any]]]
+    ) -> None: ...
+
+    async def after(self, message_id: int, seq: int) -> list[tuple[int, str, dict[str, Any]]]: ...
+
+    async def aclose(self) -> None: ...
+
+
+class DatabaseEventStore:
+    async def append(self, message_id: int, events: list[tuple[int, str, dict[str, Any]]]) -> None:
+        await MessageEvent.objects.abulk_create(
+            [MessageEvent(message_id=message_id, seq=s, event=e, data=d) for s, e, d in events],
+            ignore_conflicts=True,
+        )
+
+    async def after(self, message_id: int, seq: int) -> list[tuple[int, str, dict[str, Any]]]:
+        rows = MessageEvent.objects.filter(message_id=message_id, seq__gt=seq).order_by("seq")
+        return [(row.seq, row.event, row.data) async for row in rows]
+
+    async def aclose(self) -> None:
+        pass
+
+
+class RedisEventStore:
+    def __init__(self, url: str, ttl: int) -> None:
+        import redis.asyncio
+
+        self._redis = redis.asyncio.Redis.from_url(url)
+        self._ttl = ttl
+
+    @staticmethod
+    def key(message_id: int) -> str:
+        return f"ragtier:events:{message_id}"
+
+    async def append(self, message_id: int, events: list[tuple[int, str, dict[str, Any]]]) -> None:
+        key = self.key(message_id)
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.rpush(key, *(json.dumps([s, e, d]) for s, e, d in events))
+            pipe.expire(key, self._ttl)
+            await pipe.execute()
+
+    async def after(self, message_id: int, seq: int) -> list[tuple[int, str, dict[str, Any]]]:
+        # Event n sits at index n - 1, so the events after ``seq`` start at index ``seq``.
+        raw = await self._redis.lrange(self.key(message_id), seq, -1)
+        return [tuple(json.loads(item)) for item in raw]  # type: ignore[misc]
+
+    async def aclose(self) -> None:
+        await self._redis.aclose()
+
+
+def event_store() -> EventStore:
+    """A store for one answer or one replay; close it when done."""
+    if settings.STREAM_BUFFER_REDIS_URL:
+        return RedisEventStore(settings.STREAM_BUFFER_REDIS_URL, settings.STREAM_BUFFER_TTL)
+    return DatabaseEventStore()
