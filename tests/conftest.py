@@ -131,9 +131,41 @@ def llama_server() -> Iterator[str]:
             pytest.fail("the llama.cpp server did not start within 120 s")
         yield base_url
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_process(process)
+
+
+def stop_process(process: Any) -> None:
+    """Terminate a child process, kill it if it lingers, and close its pipes."""
+    import subprocess
+
+    process.terminate()
+    try:
+        process.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+    for pipe in (process.stdout, process.stderr):
+        if pipe is not None:
+            pipe.close()
+
+
+@pytest.fixture
+def demo_corpus(team: Team) -> dict[int, str]:
+    """The demo corpus ingested into ``team``'s collection ``ragtier-docs``: {id: filename}."""
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    from apps.knowledge.models import Document
+    from config.env import BASE_DIR
+
+    call_command(
+        "ingest",
+        str(BASE_DIR / "demo" / "corpus"),
+        team=team.name,
+        collection="ragtier-docs",
+        no_progress=True,
+        stdout=StringIO(),
+        stderr=StringIO(),
+    )
+    return dict(Document.objects.filter(team=team).values_list("pk", "filename"))

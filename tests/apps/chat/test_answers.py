@@ -196,6 +196,15 @@ def test_faults_after_the_first_token_arrive_in_band(
     assert frames[-1]["event"] == "done"
 
 
+def test_a_huge_chunk_passes_through_whole(upstream: FakeUpstream, http: httpx.Client) -> None:
+    huge = "x" * 2_000_000
+    upstream.script.tokens = ["start ", huge, " end"]
+    frames = ask_stream(http, conversation_for(http), content="Hi", top_k=0)
+    text = "".join(f["data"]["text"] for f in frames if f["event"] == "delta")
+    assert text == f"start {huge} end"
+    assert frames[-1]["event"] == "done"
+
+
 def test_upstream_down_before_streaming_is_a_json_error(
     upstream: FakeUpstream, http: httpx.Client, settings: Any
 ) -> None:

@@ -3,17 +3,12 @@
 from __future__ import annotations
 
 import json
-from io import StringIO
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from django.core.management import call_command
 
-from apps.accounts.models import Team
-from apps.knowledge.models import Document
-from config.env import BASE_DIR
 from inference import client as inference_client
 from tests.apps.chat.conftest import ask_stream, conversation_for
 
@@ -27,7 +22,11 @@ QUESTIONS = json.loads((Path(__file__).parents[2] / "data" / "demo_questions.jso
 
 
 def test_three_questions_cite_their_document_with_exact_prompt_tokens(
-    llama_server: str, http: httpx.Client, team: Team, settings: Any, monkeypatch: Any
+    llama_server: str,
+    http: httpx.Client,
+    demo_corpus: dict[int, str],
+    settings: Any,
+    monkeypatch: Any,
 ) -> None:
     settings.INFERENCE_BASE_URL = llama_server
     settings.MODEL_ALIASES = {
@@ -37,16 +36,7 @@ def test_three_questions_cite_their_document_with_exact_prompt_tokens(
             "max_output_tokens": 48,
         }
     }
-    call_command(
-        "ingest",
-        str(BASE_DIR / "demo" / "corpus"),
-        team=team.name,
-        collection="ragtier-docs",
-        no_progress=True,
-        stdout=StringIO(),
-        stderr=StringIO(),
-    )
-    filenames = dict(Document.objects.values_list("pk", "filename"))
+    filenames = demo_corpus
     sent: list[list[dict[str, str]]] = []
     original = inference_client.OpenAIClient.stream_chat
 

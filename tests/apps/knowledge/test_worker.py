@@ -18,6 +18,7 @@ from apps.knowledge.models import Document
 from apps.usage.models import UsageRecord
 from config.celery import app as celery_app
 from config.env import BASE_DIR
+from tests.conftest import stop_process
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -96,14 +97,7 @@ def worker(broker: str, settings: Any) -> Iterator[subprocess.Popen[bytes]]:
     try:
         yield process
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        if process.stdout is not None:
-            process.stdout.close()
+        stop_process(process)
 
 
 def test_a_real_worker_ingests_an_upload(
