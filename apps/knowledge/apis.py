@@ -25,7 +25,8 @@ class CollectionOutput(serializers.ModelSerializer[Collection]):
         fields = ["id", "name", "description", "document_count", "created_at"]
 
     def get_document_count(self, collection: Collection) -> int:
-        return collection.documents.count()
+        # Annotated by the selectors; a collection fresh from create has none yet.
+        return int(getattr(collection, "document_count", 0))
 
 
 class DocumentOutput(serializers.ModelSerializer[Document]):

@@ -3,7 +3,7 @@ is indistinguishable from a missing one."""
 
 from __future__ import annotations
 
-from django.db.models import QuerySet
+from django.db.models import Count, QuerySet
 
 from apps.accounts.models import Team
 from apps.core.exceptions import NotFound
@@ -11,11 +11,15 @@ from apps.knowledge.models import Collection, Document
 
 
 def collection_list(*, team: Team) -> QuerySet[Collection]:
-    return Collection.objects.filter(team=team).order_by("name")
+    return (
+        Collection.objects.filter(team=team)
+        .annotate(document_count=Count("documents"))
+        .order_by("name")
+    )
 
 
 def collection_get(*, team: Team, collection_id: int) -> Collection:
-    collection = Collection.objects.filter(team=team, pk=collection_id).first()
+    collection = collection_list(team=team).filter(pk=collection_id).first()
     if collection is None:
         raise NotFound(f"No collection {collection_id}.")
     return collection

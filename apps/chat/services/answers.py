@@ -33,6 +33,8 @@ from apps.chat.services.models import (
 )
 from apps.core.exceptions import as_application_error, error_body
 from apps.knowledge.services import SearchResult, chunk_search
+from apps.usage.models import UsageRecord
+from apps.usage.services import usage_record_chat
 from inference import (
     SYSTEM_PROMPT,
     ChatMessage,
@@ -307,18 +309,38 @@ async def _settle(
     prepared: PreparedAnswer, generation: _Generation, status: str, error: dict[str, Any] | None
 ) -> dict[str, Any]:
     usage = usage_of(prepared, generation)
-    await sync_to_async(_save)(prepared.message.pk, generation, status, error, usage)
+    await sync_to_async(_save)(prepared, generation, status, error, usage)
     return usage
 
 
+LEDGER_STATUS = {
+    Message.Status.COMPLETE: UsageRecord.Status.OK,
+    Message.Status.FAILED: UsageRecord.Status.ERROR,
+    Message.Status.CANCELLED: UsageRecord.Status.CANCELLED,
+}
+
+
+@transaction.atomic
 def _save(
-    message_id: int,
+    prepared: PreparedAnswer,
     generation: _Generation,
     status: str,
     error: dict[str, Any] | None,
     usage: dict[str, Any],
 ) -> None:
-    Message.objects.filter(pk=message_id).update(
+    """The message and its ledger row, together."""
+    caller = prepared.caller
+    usage_record_chat(
+        team=caller.team,
+        api_key=caller.api_key,
+        user=caller.user,
+        model=prepared.spec.alias,
+        usage=usage,
+        status=LEDGER_STATUS[status],
+        error_code=error["code"] if error else "",
+        object_id=str(prepared.message.pk),
+    )
+    Message.objects.filter(pk=prepared.message.pk).update(
         content="".join(generation.text),
         reasoning="".join(generation.reasoning),
         status=status,

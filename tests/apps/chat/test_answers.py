@@ -9,6 +9,7 @@ import httpx
 import pytest
 
 from apps.chat.models import Message, MessageEvent
+from apps.usage.models import UsageRecord
 from apps.knowledge.models import Collection
 from tests import factories
 from tests.apps.chat.conftest import ask_stream, conversation_for, parse_sse
@@ -176,6 +177,9 @@ def test_retry_before_the_first_token_never_after(
     assert error["type"] == "upstream_error" and error["code"] == "inference_unavailable"
     usage = next(f["data"] for f in frames if f["event"] == "usage")
     assert usage["completion_tokens"] == 2  # the partial answer is billed
+    row = UsageRecord.objects.get(kind="chat", object_id=str(frames[0]["data"]["message_id"]))
+    assert (row.completion_tokens, row.status, row.error_code) == (
+        2, "error", "inference_unavailable")
 
 
 @pytest.mark.parametrize(
@@ -299,6 +303,8 @@ def test_client_disconnect_cancels_upstream_and_bills_the_partial_answer(
     assert message is not None and message.status == Message.Status.CANCELLED
     assert 1 <= message.completion_tokens < 200
     assert message.content and message_id is None
+    row = UsageRecord.objects.get(kind="chat")
+    assert (row.status, row.completion_tokens) == ("cancelled", message.completion_tokens)
 
 
 def test_cancel_from_another_connection(upstream: FakeUpstream, http: httpx.Client) -> None:
