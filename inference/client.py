@@ -10,9 +10,11 @@ is ever duplicated. Every ``httpx`` error is wrapped in :mod:`inference.errors`.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import random
+import ssl
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from contextlib import aclosing
@@ -105,6 +107,12 @@ class UpstreamUsage:
 Event = TextDelta | ReasoningDelta | Finished | UpstreamUsage
 
 
+@functools.cache
+def _ssl_context() -> ssl.SSLContext:
+    """Built once: loading the CA bundle costs 20-40 ms, on the event loop, per client."""
+    return ssl.create_default_context()
+
+
 class OpenAIClient:
     def __init__(
         self,
@@ -122,6 +130,7 @@ class OpenAIClient:
             base_url=base_url.rstrip("/") + "/",
             headers=headers,
             transport=transport,
+            verify=_ssl_context(),
             timeout=httpx.Timeout(
                 connect=self.timeouts.connect,
                 read=self.timeouts.idle,
