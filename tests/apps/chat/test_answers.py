@@ -9,8 +9,8 @@ import httpx
 import pytest
 
 from apps.chat.models import Message, MessageEvent
-from apps.usage.models import UsageRecord
 from apps.knowledge.models import Collection
+from apps.usage.models import UsageRecord
 from tests import factories
 from tests.apps.chat.conftest import ask_stream, conversation_for, parse_sse
 from tests.fake_upstream import FakeUpstream
@@ -179,7 +179,10 @@ def test_retry_before_the_first_token_never_after(
     assert usage["completion_tokens"] == 2  # the partial answer is billed
     row = UsageRecord.objects.get(kind="chat", object_id=str(frames[0]["data"]["message_id"]))
     assert (row.completion_tokens, row.status, row.error_code) == (
-        2, "error", "inference_unavailable")
+        2,
+        "error",
+        "inference_unavailable",
+    )
 
 
 @pytest.mark.parametrize(
