@@ -7,6 +7,7 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/v1/", include("apps.knowledge.urls")),
     path("api/v1/", include("apps.chat.urls")),
+    path("api/v1/", include("apps.usage.urls")),
     path("v1/", include("apps.chat.openai_urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),

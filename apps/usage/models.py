@@ -37,6 +37,8 @@ class UsageRecord(models.Model):
     cached_tokens = models.PositiveBigIntegerField(default=0)
     completion_tokens = models.PositiveBigIntegerField(default=0)
     reasoning_tokens = models.PositiveBigIntegerField(default=0)
+    cost_usd = models.DecimalField(max_digits=16, decimal_places=10, default=0)
+    energy_wh = models.FloatField(default=0.0)
     ttft_ms = models.PositiveIntegerField(null=True, blank=True)
     duration_ms = models.PositiveIntegerField(null=True, blank=True)
     tokens_per_second = models.FloatField(null=True, blank=True)

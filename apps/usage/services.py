@@ -3,12 +3,29 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from decimal import Decimal
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 
 from apps.accounts.models import ApiKey, Team
 from apps.usage.models import UsageRecord
+
+
+def cost_of(*, model: str, prompt: int, cached: int, completion: int) -> Decimal:
+    """USD from integer tokens: uncached input, cached input and output priced apart."""
+    prices = settings.MODEL_PRICES.get(model, {})
+    per_million = (
+        (prompt - cached) * Decimal(str(prices.get("input", 0)))
+        + cached * Decimal(str(prices.get("cached_input", prices.get("input", 0))))
+        + completion * Decimal(str(prices.get("output", 0)))
+    )
+    return (per_million / 1_000_000).quantize(Decimal("1e-10"))
+
+
+def energy_of(*, model: str, tokens: int) -> float:
+    return tokens / 1000 * float(settings.MODEL_ENERGY_WH_PER_1K_TOKENS.get(model, 0.0))
 
 
 def usage_record_embedding(
@@ -32,6 +49,8 @@ def usage_record_embedding(
         operation=operation,
         object_id=object_id,
         prompt_tokens=tokens,
+        cost_usd=cost_of(model=model, prompt=tokens, cached=0, completion=0),
+        energy_wh=energy_of(model=model, tokens=tokens),
         status=status,
     )
 
@@ -64,6 +83,15 @@ def usage_record_chat(
         ttft_ms=usage["ttft_ms"],
         duration_ms=usage["duration_ms"],
         tokens_per_second=usage["tokens_per_second"],
+        cost_usd=cost_of(
+            model=model,
+            prompt=usage["prompt_tokens"],
+            cached=usage["cached_tokens"],
+            completion=usage["completion_tokens"],
+        ),
+        energy_wh=energy_of(
+            model=model, tokens=usage["prompt_tokens"] + usage["completion_tokens"]
+        ),
         status=status,
         error_code=error_code,
     )

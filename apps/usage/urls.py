@@ -1,0 +1,7 @@
+from django.urls import path
+
+from apps.usage import apis
+
+urlpatterns = [
+    path("usage", apis.UsageApi.as_view(), name="usage"),
+]

