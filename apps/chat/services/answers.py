@@ -83,10 +83,17 @@ class PreparedAnswer:
         )
 
 
+HISTORY_MESSAGES = 40
+
+
 def history_of(conversation: Conversation) -> list[ChatMessage]:
-    """Earlier completed turns, oldest first, as chat messages."""
+    """The most recent completed turns, oldest first, as chat messages. Older ones would not
+    fit a context window anyway; prompt assembly drops more if it must."""
     turns = conversation.messages.exclude(status=Message.Status.STREAMING).exclude(content="")
-    return [{"role": m.role, "content": m.content} for m in turns.order_by("created_at", "pk")]
+    recent = list(turns.order_by("-created_at", "-pk")[:HISTORY_MESSAGES])
+    while recent and recent[-1].role == Message.Role.ASSISTANT:
+        recent.pop()  # a history starts with a question
+    return [{"role": m.role, "content": m.content} for m in reversed(recent)]
 
 
 def answer_prepare(

@@ -395,3 +395,23 @@ def test_tokenize_counts_with_the_served_tokenizer(
 ) -> None:
     response = http.post("/api/v1/tokenize", json={"text": "Hello, world!"})
     assert response.json() == {"model": "small", "tokens": 4}
+
+
+def test_history_is_the_recent_turns_starting_with_a_question(team: Any) -> None:
+    from apps.chat.models import Conversation
+    from apps.chat.services.answers import HISTORY_MESSAGES, history_of
+
+    conversation = Conversation.objects.create(team=team)
+    for i in range(HISTORY_MESSAGES):  # 80 messages, one abandoned answer among them
+        Message.objects.create(conversation=conversation, team=team, role="user", content=f"q{i}")
+        Message.objects.create(
+            conversation=conversation,
+            team=team,
+            role="assistant",
+            content=f"a{i}" if i != 30 else "",
+            status="complete" if i != 30 else "failed",
+        )
+    history = history_of(conversation)
+    assert len(history) <= HISTORY_MESSAGES and history[0]["role"] == "user"
+    assert history[-1] == {"role": "assistant", "content": f"a{HISTORY_MESSAGES - 1}"}
+    assert {"role": "assistant", "content": ""} not in history
