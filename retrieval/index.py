@@ -186,19 +186,13 @@ class IndexStore:
             cached = self._cache.get(key)
             if cached is not None and cached[0] == version:
                 return cached[1]
-        if version == 0:
-            index = VectorIndex(self.dimension, self.kind)
-        else:
-            path = self.path(key, version)
-            if not path.exists():
-                raise IndexCorrupted(f"index file {path} is missing; run index_check --repair")
-            index = VectorIndex.read(path, dimension=self.dimension)
+        index = self.load_copy(key, version)
         with self._lock:
             self._cache[key] = (version, index)
         return index
 
     def load_copy(self, key: str, version: int) -> VectorIndex:
-        """A private copy to modify: the cached one is shared by concurrent searches."""
+        """A private copy, read from disk, to modify: the cached one is shared by searches."""
         if version == 0:
             return VectorIndex(self.dimension, self.kind)
         path = self.path(key, version)
