@@ -11,3 +11,8 @@ env = environ.Env()
 DATA_DIR = Path(env.path("RAGTIER_DATA_DIR", default=str(BASE_DIR / "data")))
 # The embedded default keeps its database, indexes and uploads here: make sure it exists.
 DATA_DIR.mkdir(parents=True, exist_ok=True)
+
+# Prometheus multiprocess mode (several ASGI and Celery workers): its folder must exist
+# before the first metric is written.
+if env.str("PROMETHEUS_MULTIPROC_DIR", default=""):
+    Path(env.str("PROMETHEUS_MULTIPROC_DIR")).mkdir(parents=True, exist_ok=True)

@@ -66,6 +66,15 @@ def _check_broker() -> str:
     return "ok"
 
 
+@require_GET
+def metrics(request: HttpRequest) -> HttpResponse:
+    """Prometheus text exposition, aggregated over the worker processes."""
+    from apps.usage.metrics import metrics_exposition
+
+    body, content_type = metrics_exposition()
+    return HttpResponse(body, content_type=content_type)
+
+
 def home(request: HttpRequest) -> HttpResponse:
     return render(request, "home.html")
 

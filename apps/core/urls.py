@@ -11,4 +11,5 @@ urlpatterns = [
     path("logout", auth_views.LogoutView.as_view(), name="logout"),
     path("healthz", apis.healthz, name="healthz"),
     path("readyz", apis.readyz, name="readyz"),
+    path("metrics", apis.metrics, name="metrics"),
 ]

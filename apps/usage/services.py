@@ -10,6 +10,7 @@ from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 
 from apps.accounts.models import ApiKey, Team
+from apps.usage import metrics
 from apps.usage.models import UsageRecord
 
 
@@ -40,6 +41,7 @@ def usage_record_embedding(
     status: str = UsageRecord.Status.OK,
 ) -> UsageRecord:
     """Charge embedding tokens (ingestion or query) to ``team``: they are input tokens."""
+    metrics.TOKENS.labels("embedding", model, "input").inc(tokens)
     return UsageRecord.objects.create(
         team=team,
         api_key=api_key,

@@ -33,12 +33,14 @@ from apps.chat.services.models import (
 )
 from apps.core.exceptions import as_application_error, error_body
 from apps.knowledge.services import SearchResult, chunk_search
+from apps.usage import metrics
 from apps.usage.models import UsageRecord
 from apps.usage.services import usage_record_chat
 from inference import (
     SYSTEM_PROMPT,
     ChatMessage,
     ChatRequest,
+    ContextLengthExceeded,
     Finished,
     InferenceError,
     Passage,
@@ -117,6 +119,7 @@ def answer_prepare(
     """
     spec = model_resolve(alias=model)
     output_tokens = output_tokens_resolve(spec=spec, max_tokens=max_tokens)
+    started = time.monotonic()
     results: list[SearchResult] = []
     if rag:
         collections = collection_ids if collection_ids is not None else conversation.collection_ids
@@ -126,15 +129,20 @@ def answer_prepare(
     passages = [
         Passage(r.chunk.document.title, r.chunk.text, tuple(r.chunk.headings)) for r in results
     ]
-    prompt = assemble_prompt(
-        tokenizer=tokenizer(),
-        question=content,
-        passages=passages,
-        history=history_of(conversation) if history is None else history,
-        system=f"{SYSTEM_PROMPT}\n\n{instructions}" if instructions else SYSTEM_PROMPT,
-        context_window=spec.context_window,
-        max_output_tokens=output_tokens,
-    )
+    try:
+        prompt = assemble_prompt(
+            tokenizer=tokenizer(),
+            question=content,
+            passages=passages,
+            history=history_of(conversation) if history is None else history,
+            system=f"{SYSTEM_PROMPT}\n\n{instructions}" if instructions else SYSTEM_PROMPT,
+            context_window=spec.context_window,
+            max_output_tokens=output_tokens,
+        )
+    except ContextLengthExceeded:
+        metrics.CONTEXT_LENGTH_EXCEEDED.inc()
+        raise
+    metrics.RETRIEVAL.observe(time.monotonic() - started)
     citations = [
         {
             "id": number,
@@ -195,6 +203,8 @@ async def answer_events(prepared: PreparedAnswer) -> AsyncIterator[AnswerEvent]:
     def emit(name: str, data: dict[str, Any]) -> AnswerEvent:
         return journal.add(name, data)
 
+    metrics.IN_FLIGHT.inc()
+    last_chunk: float | None = None
     try:
         yield emit(
             "message",
@@ -209,8 +219,14 @@ async def answer_events(prepared: PreparedAnswer) -> AsyncIterator[AnswerEvent]:
             async for event in client.stream_chat(prepared.request):
                 match event:
                     case TextDelta(text=text) | ReasoningDelta(text=text):
+                        now = time.monotonic()
                         if generation.first_token is None:
-                            generation.first_token = time.monotonic()
+                            generation.first_token = now
+                        if last_chunk is not None:
+                            metrics.INTER_TOKEN.labels(prepared.spec.alias).observe(
+                                now - last_chunk
+                            )
+                        last_chunk = now
                         if isinstance(event, TextDelta):
                             generation.text.append(text)
                             yield emit("delta", {"text": text})
@@ -260,6 +276,8 @@ async def answer_events(prepared: PreparedAnswer) -> AsyncIterator[AnswerEvent]:
             emit("done", {"message_id": message.pk, "finish_reason": "cancelled"})
         await asyncio.shield(journal.close())
         raise
+    finally:
+        metrics.IN_FLIGHT.dec()
 
 
 def _error(code: str, type: str, message: str) -> dict[str, Any]:
@@ -317,6 +335,15 @@ async def _settle(
 ) -> dict[str, Any]:
     usage = usage_of(prepared, generation)
     await sync_to_async(_save)(prepared, generation, status, error, usage)
+    model = prepared.spec.alias
+    if usage["ttft_ms"] is not None:
+        metrics.TTFT.labels(model).observe(usage["ttft_ms"] / 1000)
+    if usage["tokens_per_second"] is not None:
+        metrics.OUTPUT_TOKENS_PER_SECOND.labels(model).observe(usage["tokens_per_second"])
+    metrics.TOKENS.labels("chat", model, "input").inc(usage["prompt_tokens"])
+    metrics.TOKENS.labels("chat", model, "output").inc(usage["completion_tokens"])
+    if status == Message.Status.FAILED and error is not None:
+        metrics.UPSTREAM_ERRORS.labels(error["code"]).inc()
     return usage
 
 

@@ -1,9 +1,12 @@
 from __future__ import annotations
 
+import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from django.conf import settings
@@ -22,6 +25,14 @@ class Command(BaseCommand):
         parser.add_argument("--host", default="127.0.0.1")
         parser.add_argument("--port", type=int, default=8000)
         parser.add_argument("--web-workers", type=int, default=1)
+
+    @staticmethod
+    def metrics_dir() -> Path:
+        """Where every process of the stack writes its metrics; emptied at each start."""
+        folder = Path(os.environ.get("PROMETHEUS_MULTIPROC_DIR") or settings.DATA_DIR / "metrics")
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        return folder
 
     def handle(self, *args: Any, **options: Any) -> None:
         python = sys.executable
@@ -61,7 +72,11 @@ class Command(BaseCommand):
                 port=settings.INFERENCE_PORT,
                 n_ctx=settings.INFERENCE_N_CTX,
             )
-        processes = {name: subprocess.Popen(argv) for name, argv in commands.items()}  # noqa: S603
+        environment = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(self.metrics_dir())}
+        processes = {
+            name: subprocess.Popen(argv, env=environment)  # noqa: S603
+            for name, argv in commands.items()
+        }
         self.stdout.write(
             f"ragtier on http://{options['host']}:{options['port']}/ "
             f"({', '.join(processes)}); Ctrl-C stops it"

@@ -1,0 +1,69 @@
+"""Prometheus metrics, correct across several ASGI and Celery worker processes.
+
+With ``PROMETHEUS_MULTIPROC_DIR`` set (``runstack`` and docker-compose set it), each
+process writes its samples to files there and ``/metrics`` aggregates them; without it,
+the process's own registry is served. Labels are bounded: model aliases and kinds, never
+teams, users or message ids.
+"""
+
+from __future__ import annotations
+
+import os
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    multiprocess,
+)
+
+TTFT = Histogram(
+    "ragtier_ttft_seconds",
+    "Time from the answer's start to its first token.",
+    ["model"],
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64),
+)
+OUTPUT_TOKENS_PER_SECOND = Histogram(
+    "ragtier_output_tokens_per_second",
+    "Decode rate of each answer after its first token.",
+    ["model"],
+    buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000),
+)
+INTER_TOKEN = Histogram(
+    "ragtier_inter_token_seconds",
+    "Gap between consecutive streamed chunks.",
+    ["model"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+)
+RETRIEVAL = Histogram(
+    "ragtier_retrieval_seconds",
+    "Embed, search, assemble and count, before generation.",
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+)
+TOKENS = Counter(
+    "ragtier_tokens",
+    "Tokens charged, by kind, model and direction (input/output).",
+    ["kind", "model", "direction"],
+)
+CONTEXT_LENGTH_EXCEEDED = Counter(
+    "ragtier_context_length_exceeded", "Requests refused before calling the model."
+)
+UPSTREAM_ERRORS = Counter("ragtier_upstream_errors", "Inference tier failures.", ["code"])
+IN_FLIGHT = Gauge(
+    "ragtier_generations_in_flight",
+    "Answers being generated now.",
+    multiprocess_mode="livesum",
+)
+
+
+def metrics_exposition() -> tuple[bytes, str]:
+    """The text exposition of every process's metrics."""
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+        return generate_latest(registry), CONTENT_TYPE_LATEST
+    return generate_latest(REGISTRY), CONTENT_TYPE_LATEST
