@@ -77,3 +77,28 @@ def test_usage_report_validation(api: APIClient) -> None:
     assert (response.status_code, error_of(response)["param"]) == (400, "start")
     response = api.get("/api/v1/usage?start=2020-01-01&end=2026-01-01")
     assert response.status_code == 400
+
+
+def test_usage_report_command_prints_a_table_and_csv(team: Team) -> None:
+    import csv
+    from io import StringIO
+
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    usage_record_chat(team=team, model="small", usage=SEED, status="ok", object_id="1")
+    since = (timezone.localdate() - timedelta(days=7)).isoformat()
+    out = StringIO()
+    call_command(
+        "usage_report", "--team", team.name, "--since", since, "--group-by", "kind", stdout=out
+    )
+    lines = out.getvalue().splitlines()
+    assert lines[0].split()[:3] == ["group", "requests", "prompt_tokens"]
+    assert lines[1].split()[:7] == ["chat", "1", "75", "0", "1186", "1024", "1261"]
+    assert lines[-1].split()[0] == "total"
+    out = StringIO()
+    call_command("usage_report", "--team", team.name, "--since", since, "--csv", stdout=out)
+    rows = list(csv.DictReader(StringIO(out.getvalue())))
+    assert rows[-1]["group"] == "total" and rows[-1]["total_tokens"] == "1261"
+    with pytest.raises(CommandError):
+        call_command("usage_report", "--team", "nope", "--since", since)
