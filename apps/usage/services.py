@@ -13,6 +13,21 @@ from apps.accounts.models import ApiKey, Team
 from apps.usage import metrics
 from apps.usage.models import UsageRecord
 
+USAGE_COLUMNS = (
+    "prompt_tokens",
+    "cached_tokens",
+    "completion_tokens",
+    "reasoning_tokens",
+    "ttft_ms",
+    "duration_ms",
+    "tokens_per_second",
+)
+
+
+def usage_columns(usage: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields of a usage block that the ledger and a message both store."""
+    return {name: usage[name] for name in USAGE_COLUMNS}
+
 
 def cost_of(*, model: str, prompt: int, cached: int, completion: int) -> Decimal:
     """USD from integer tokens: uncached input, cached input and output priced apart."""
@@ -78,13 +93,7 @@ def usage_record_chat(
         model=model,
         operation="answer",
         object_id=object_id,
-        prompt_tokens=usage["prompt_tokens"],
-        cached_tokens=usage["cached_tokens"],
-        completion_tokens=usage["completion_tokens"],
-        reasoning_tokens=usage["reasoning_tokens"],
-        ttft_ms=usage["ttft_ms"],
-        duration_ms=usage["duration_ms"],
-        tokens_per_second=usage["tokens_per_second"],
+        **usage_columns(usage),
         cost_usd=cost_of(
             model=model,
             prompt=usage["prompt_tokens"],

@@ -35,7 +35,7 @@ from apps.core.exceptions import as_application_error, error_body
 from apps.knowledge.services import SearchResult, chunk_search
 from apps.usage import metrics
 from apps.usage.models import UsageRecord
-from apps.usage.services import usage_record_chat
+from apps.usage.services import usage_columns, usage_record_chat
 from inference import (
     SYSTEM_PROMPT,
     ChatMessage,
@@ -380,14 +380,8 @@ def _save(
         status=status,
         error=error,
         finish_reason=generation.finish_reason or "stop",
-        prompt_tokens=usage["prompt_tokens"],
-        cached_tokens=usage["cached_tokens"],
-        completion_tokens=usage["completion_tokens"],
-        reasoning_tokens=usage["reasoning_tokens"],
-        ttft_ms=usage["ttft_ms"],
-        duration_ms=usage["duration_ms"],
-        tokens_per_second=usage["tokens_per_second"],
         usage_source=usage["source"],
+        **usage_columns(usage),
     )
 
 
