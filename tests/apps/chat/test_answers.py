@@ -290,8 +290,7 @@ def test_client_disconnect_cancels_upstream_and_bills_the_partial_answer(
     ) as response:
         for frame in parse_sse(response.iter_lines()):
             if frame.get("event") == "delta":
-                message_id = None
-                break
+                break  # leave after the first token: the client goes away
     left_at = time.monotonic()
     deadline = left_at + 5
     while not upstream.disconnected_at and time.monotonic() < deadline:
@@ -305,7 +304,7 @@ def test_client_disconnect_cancels_upstream_and_bills_the_partial_answer(
         time.sleep(0.05)
     assert message is not None and message.status == Message.Status.CANCELLED
     assert 1 <= message.completion_tokens < 200
-    assert message.content and message_id is None
+    assert message.content
     row = UsageRecord.objects.get(kind="chat")
     assert (row.status, row.completion_tokens) == ("cancelled", message.completion_tokens)
 
