@@ -82,6 +82,24 @@ def run_on_commit(django_capture_on_commit_callbacks: Any) -> Iterator[None]:
 
 
 @pytest.fixture
+def upstream(settings: Any) -> Iterator[Any]:
+    """The fake inference tier, with the fake tokenizer (counts words and punctuation)."""
+    from tests.fake_upstream import fake_upstream
+
+    with fake_upstream() as fake:
+        settings.INFERENCE_BASE_URL = fake.base_url
+        settings.TOKENIZER_BACKEND = "inference.tokenizers.FakeTokenizer"
+        settings.TOKENIZER_OPTIONS = {}
+        settings.INFERENCE_TIMEOUTS = {
+            "connect": 2.0,
+            "first_token": 5.0,
+            "idle": 2.0,
+            "total": 30.0,
+        }
+        yield fake
+
+
+@pytest.fixture
 def real_embedder(settings: Any) -> None:
     """The real all-MiniLM-L6-v2 from its package folder, instead of the fake."""
     settings.EMBEDDER_BACKEND = REAL_EMBEDDER

@@ -1,7 +1,7 @@
 from django.contrib import admin
 from django.http import HttpRequest
 
-from apps.usage.models import UsageRecord
+from apps.usage.models import Limit, UsageRecord
 
 
 @admin.register(UsageRecord)
@@ -24,3 +24,17 @@ class UsageRecordAdmin(admin.ModelAdmin):
 
     def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
         return False
+
+
+@admin.register(Limit)
+class LimitAdmin(admin.ModelAdmin):
+    list_display = [
+        "team",
+        "api_key",
+        "burst_tokens",
+        "tokens_per_minute",
+        "daily_tokens",
+        "monthly_tokens",
+    ]
+    list_filter = ["team"]
+    autocomplete_fields = ["api_key"]

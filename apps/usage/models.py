@@ -56,3 +56,78 @@ class UsageRecord(models.Model):
     @property
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
+
+
+class Limit(models.Model):
+    """Token limits of a team (``api_key`` empty) or of one of its keys. Empty = unlimited.
+
+    A token bucket absorbs bursts (``burst_tokens`` capacity, refilled at
+    ``tokens_per_minute``); period quotas count tokens per calendar day and month in the
+    team's time zone.
+    """
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="limits")
+    api_key = models.OneToOneField(
+        ApiKey, on_delete=models.CASCADE, null=True, blank=True, related_name="limit"
+    )
+    burst_tokens = models.PositiveBigIntegerField(null=True, blank=True)
+    tokens_per_minute = models.PositiveBigIntegerField(null=True, blank=True)
+    daily_tokens = models.PositiveBigIntegerField(null=True, blank=True)
+    monthly_tokens = models.PositiveBigIntegerField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["team"],
+                condition=models.Q(api_key__isnull=True),
+                name="limit_one_per_team",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"limits of {self.api_key or self.team}"
+
+
+class TokenBucket(models.Model):
+    limit = models.OneToOneField(Limit, on_delete=models.CASCADE, related_name="bucket")
+    level = models.BigIntegerField()
+    refilled_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"{self.level} tokens"
+
+
+class QuotaCounter(models.Model):
+    class Period(models.TextChoices):
+        DAY = "day"
+        MONTH = "month"
+
+    limit = models.ForeignKey(Limit, on_delete=models.CASCADE, related_name="counters")
+    period = models.CharField(max_length=8, choices=Period.choices)
+    starts_on = models.DateField()
+    used = models.BigIntegerField(default=0, help_text="settled plus reserved tokens")
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["limit", "period", "starts_on"], name="quota_counter_unique_period"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.period} from {self.starts_on}: {self.used}"
+
+
+class Reservation(models.Model):
+    """Tokens held for a request in flight, replaced by actual usage when it settles."""
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="reservations")
+    tokens = models.PositiveBigIntegerField()
+    buckets = models.JSONField(default=list, help_text="ids of the buckets drawn on")
+    counters = models.JSONField(default=list, help_text="ids of the quota counters charged")
+    created_at = models.DateTimeField()
+    expires_at = models.DateTimeField(db_index=True)
+    settled_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.tokens} tokens for {self.team_id}"

@@ -46,4 +46,9 @@ CELERY_BEAT_SCHEDULE = {
         "task": "apps.knowledge.tasks.documents_requeue_stalled_task",
         "schedule": 60.0,
     },
+    # Reservations held by a process that died are released, not leaked.
+    "reservations-release-expired": {
+        "task": "apps.usage.tasks.reservations_release_expired_task",
+        "schedule": 60.0,
+    },
 }

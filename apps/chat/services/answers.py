@@ -34,7 +34,8 @@ from apps.chat.services.models import (
 from apps.core.exceptions import as_application_error, error_body
 from apps.knowledge.services import SearchResult, chunk_search
 from apps.usage import metrics
-from apps.usage.models import UsageRecord
+from apps.usage.budgets import budget_reserve, budget_settle
+from apps.usage.models import Reservation, UsageRecord
 from apps.usage.services import usage_columns, usage_record_chat
 from inference import (
     SYSTEM_PROMPT,
@@ -73,6 +74,7 @@ class PreparedAnswer:
     max_tokens: int
     citations: list[dict[str, Any]]
     want_reasoning: bool = False
+    reservation: Reservation | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -143,6 +145,11 @@ def answer_prepare(
         metrics.CONTEXT_LENGTH_EXCEEDED.inc()
         raise
     metrics.RETRIEVAL.observe(time.monotonic() - started)
+    # Admission: the whole prompt plus every output token it may generate, held atomically
+    # against every limit before the model is called (429 here, never mid-stream).
+    reservation = budget_reserve(
+        team=caller.team, api_key=caller.api_key, tokens=prompt.prompt_tokens + output_tokens
+    )
     citations = [
         {
             "id": number,
@@ -179,6 +186,7 @@ def answer_prepare(
         max_tokens=output_tokens,
         citations=citations,
         want_reasoning=want_reasoning,
+        reservation=reservation,
     )
 
 
@@ -362,8 +370,11 @@ def _save(
     error: dict[str, Any] | None,
     usage: dict[str, Any],
 ) -> None:
-    """The message and its ledger row, together."""
+    """The message, its ledger row and the settled reservation, together."""
     caller = prepared.caller
+    if prepared.reservation is not None:
+        actual = usage["prompt_tokens"] + usage["completion_tokens"]
+        budget_settle(reservation=prepared.reservation, actual=actual)
     usage_record_chat(
         team=caller.team,
         api_key=caller.api_key,

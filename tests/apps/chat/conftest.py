@@ -9,23 +9,7 @@ import pytest
 
 from apps.accounts.models import Team
 from apps.accounts.services import IssuedKey
-from tests.fake_upstream import FakeUpstream, ServerThread, fake_upstream
-
-
-@pytest.fixture
-def upstream(settings: Any) -> Iterator[FakeUpstream]:
-    """The fake inference tier, with the fake tokenizer (counts words and punctuation)."""
-    with fake_upstream() as fake:
-        settings.INFERENCE_BASE_URL = fake.base_url
-        settings.TOKENIZER_BACKEND = "inference.tokenizers.FakeTokenizer"
-        settings.TOKENIZER_OPTIONS = {}
-        settings.INFERENCE_TIMEOUTS = {
-            "connect": 2.0,
-            "first_token": 5.0,
-            "idle": 2.0,
-            "total": 30.0,
-        }
-        yield fake
+from tests.fake_upstream import ServerThread
 
 
 @pytest.fixture
