@@ -14,7 +14,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from apps.accounts.permissions import get_caller
-from apps.usage.selectors import GROUPS, usage_report
+from apps.usage.selectors import GROUPS, quota_report, usage_report
 
 
 class UsageApi(APIView):
@@ -55,3 +55,14 @@ class UsageApi(APIView):
         query.is_valid(raise_exception=True)
         report = usage_report(team=get_caller(request).team, **query.validated_data)
         return Response(report)
+
+
+class QuotaApi(APIView):
+    required_scopes = {"GET": "read"}
+
+    @extend_schema(responses={200: OpenApiResponse(description="limits and what remains")})
+    def get(self, request: Request) -> Response:
+        """The token limits that apply to the caller (team and key): the bucket's capacity,
+        refill rate and tokens available now; each period quota's use and reset time."""
+        caller = get_caller(request)
+        return Response(quota_report(team=caller.team, api_key=caller.api_key))

@@ -78,7 +78,7 @@ def _draw(limit: Limit, tokens: int, now: datetime, scope: str) -> int:
             code="request_exceeds_burst_capacity",
         )
     bucket = _bucket(limit, now)
-    level, refilled_at = _refilled(bucket, capacity, rate, now)
+    level, refilled_at = refilled(bucket, capacity, rate, now)
     if level < tokens:
         retry = math.ceil((tokens - level) * 60 / rate) if rate else 86_400
         _refuse(Refusal(f"{scope}_tokens_per_minute", capacity, level, retry))
@@ -97,7 +97,7 @@ def _bucket(limit: Limit, now: datetime) -> TokenBucket:
     return TokenBucket.objects.select_for_update().get(limit=limit)
 
 
-def _refilled(bucket: TokenBucket, capacity: int, rate: int, now: datetime) -> tuple[int, datetime]:
+def refilled(bucket: TokenBucket, capacity: int, rate: int, now: datetime) -> tuple[int, datetime]:
     """Whole tokens earned since the last refill; the clock moves by what they took, so
     fractions of a token are never lost or invented."""
     elapsed = max(0.0, (now - bucket.refilled_at).total_seconds())

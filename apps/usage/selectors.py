@@ -7,11 +7,13 @@ from decimal import Decimal
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from django.db.models import Count, F, Sum
+from django.db.models import Count, F, Q, Sum
 from django.db.models.functions import TruncDate
+from django.utils import timezone
 
-from apps.accounts.models import Team
-from apps.usage.models import UsageRecord
+from apps.accounts.models import ApiKey, Team
+from apps.usage.budgets import period_bounds, refilled
+from apps.usage.models import Limit, QuotaCounter, TokenBucket, UsageRecord
 
 GROUPS = {
     "day": "day",
@@ -70,3 +72,44 @@ def _row(row: dict[str, Any]) -> dict[str, Any]:
         "cost_usd": str((row.get("cost") or Decimal(0)).quantize(Decimal("1e-6"))),
         "energy_wh": round(float(row.get("energy") or 0.0), 4),
     }
+
+
+def quota_report(
+    *, team: Team, api_key: ApiKey | None, now: datetime | None = None
+) -> dict[str, Any]:
+    """The limits that apply to the caller and what remains of each, without changing any."""
+    now = now or timezone.now()
+    zone = ZoneInfo(team.time_zone)
+    limits = Limit.objects.filter(team=team, api_key__isnull=True)
+    if api_key is not None:
+        limits = Limit.objects.filter(Q(team=team, api_key__isnull=True) | Q(api_key=api_key))
+    report: list[dict[str, Any]] = []
+    for limit in limits.select_related("api_key"):
+        scope = f"key {limit.api_key.prefix}" if limit.api_key else "team"
+        entry: dict[str, Any] = {"scope": scope, "bucket": None, "day": None, "month": None}
+        if limit.burst_tokens is not None and limit.tokens_per_minute is not None:
+            bucket = TokenBucket.objects.filter(limit=limit).first()
+            available = limit.burst_tokens
+            if bucket is not None:
+                available, _ = refilled(bucket, limit.burst_tokens, limit.tokens_per_minute, now)
+            entry["bucket"] = {
+                "capacity": limit.burst_tokens,
+                "tokens_per_minute": limit.tokens_per_minute,
+                "available": available,
+            }
+        for period, quota in (("day", limit.daily_tokens), ("month", limit.monthly_tokens)):
+            if quota is None:
+                continue
+            starts_on, resets_at = period_bounds(period, now, zone)
+            counter = QuotaCounter.objects.filter(
+                limit=limit, period=period, starts_on=starts_on
+            ).first()
+            used = counter.used if counter else 0
+            entry[period] = {
+                "limit": quota,
+                "used": used,
+                "remaining": max(0, quota - used),
+                "resets_at": resets_at.isoformat(),
+            }
+        report.append(entry)
+    return {"limits": report, "unlimited": not report}

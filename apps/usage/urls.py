@@ -4,4 +4,5 @@ from apps.usage import apis
 
 urlpatterns = [
     path("usage", apis.UsageApi.as_view(), name="usage"),
+    path("quota", apis.QuotaApi.as_view(), name="quota"),
 ]

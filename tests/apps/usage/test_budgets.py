@@ -143,3 +143,41 @@ def test_refused_answer_is_a_429_and_calls_nothing(
     assert int(response.headers["retry-after"]) > 0
     assert response.headers["x-ratelimit-limit-tokens"] == "50"
     assert upstream.requests == []
+
+
+@pytest.mark.django_db
+def test_setlimits_and_the_quota_endpoint(team: Team, issued_key: IssuedKey) -> None:
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    from tests.conftest import client_for
+
+    api = client_for(issued_key.secret)
+    assert api.get("/api/v1/quota").json() == {"limits": [], "unlimited": True}
+    out = StringIO()
+    call_command(
+        "setlimits",
+        "--team",
+        team.name,
+        "--daily",
+        "10000",
+        "--burst",
+        "2000",
+        "--tokens-per-minute",
+        "1000",
+        stdout=out,
+    )
+    assert "daily = 10000" in out.getvalue() and "monthly = unlimited" in out.getvalue()
+    budget_reserve(team=team, api_key=issued_key.api_key, tokens=1500)
+    quota = api.get("/api/v1/quota").json()
+    (team_limits,) = quota["limits"]
+    assert team_limits["scope"] == "team" and quota["unlimited"] is False
+    assert team_limits["day"]["used"] == 1500 and team_limits["day"]["remaining"] == 8500
+    assert team_limits["bucket"]["capacity"] == 2000
+    assert 500 <= team_limits["bucket"]["available"] < 2000
+    call_command("setlimits", "--team", team.name, "--daily", "none", stdout=StringIO())
+    assert Limit.objects.get().daily_tokens is None
+    out = StringIO()
+    call_command("setlimits", "--team", team.name, "--key", issued_key.api_key.prefix, stdout=out)
+    assert out.getvalue().strip() == f"key {issued_key.api_key.prefix}: unlimited"

@@ -1,0 +1,61 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from apps.accounts.models import ApiKey
+from apps.accounts.selectors import team_get_by_name
+from apps.usage.models import Limit
+
+FIELDS = {
+    "burst": "burst_tokens",
+    "tokens_per_minute": "tokens_per_minute",
+    "daily": "daily_tokens",
+    "monthly": "monthly_tokens",
+}
+
+
+class Command(BaseCommand):
+    help = (
+        "Set a team's (or one key's) token limits; without values, print them. "
+        "Give none to remove a limit (unlimited)."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--team", required=True)
+        parser.add_argument("--key", help="public prefix of one of the team's API keys")
+        for option in FIELDS:
+            parser.add_argument(f"--{option.replace('_', '-')}", type=_tokens, metavar="N|none")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        team = team_get_by_name(name=options["team"])
+        if team is None:
+            raise CommandError(f"no team named {options['team']!r}")
+        api_key = None
+        if options["key"]:
+            api_key = ApiKey.objects.filter(team=team, prefix=options["key"]).first()
+            if api_key is None:
+                raise CommandError(f"team {team.name!r} has no key {options['key']!r}")
+        given = {FIELDS[o]: options[o] for o in FIELDS if options[o] is not None}
+        limit = Limit.objects.filter(team=team, api_key=api_key).first()
+        if given:
+            limit = limit or Limit(team=team, api_key=api_key)
+            for field, value in given.items():
+                setattr(limit, field, None if value == "none" else value)
+            limit.save()
+        scope = f"key {api_key.prefix}" if api_key else f"team {team.name}"
+        if limit is None:
+            self.stdout.write(f"{scope}: unlimited")
+            return
+        for option, field in FIELDS.items():
+            value = getattr(limit, field)
+            self.stdout.write(f"{scope}: {option} = {'unlimited' if value is None else value}")
+
+
+def _tokens(value: str) -> int | str:
+    if value == "none":
+        return value
+    if not value.isdigit():
+        raise ValueError(value)
+    return int(value)
