@@ -57,10 +57,6 @@ class PermissionDenied(ApplicationError):
     status, type, code = 403, "permission_error", "scope_missing"
 
 
-class Conflict(ApplicationError):
-    status, type, code = 409, "conflict_error", "conflict"
-
-
 class PayloadTooLarge(ApplicationError):
     status, code = 413, "payload_too_large"
 
@@ -77,10 +73,6 @@ class UpstreamError(ApplicationError):
     def __init__(self, message: str, *, status: int = 502, **kwargs: Any) -> None:
         super().__init__(message, **kwargs)
         self.status = status
-
-
-class ServiceUnavailable(ApplicationError):
-    status, type, code = 503, "overloaded", "service_unavailable"
 
 
 def error_body(*, type: str, code: str, message: str, param: str | None = None) -> dict[str, Any]:
