@@ -3,15 +3,25 @@ SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# llama.cpp is compiled for a portable x86-64 level (AVX2, no AVX-512/AMX): a build tuned
+# to the compiling CPU (GGML_NATIVE) was seen to segfault decoding on an AMX host. The
+# wheel is kept in a wheelhouse named after its build flags, since pip's own cache would
+# hand back a wheel built with other flags.
+LLAMA_CPP := llama-cpp-python==0.3.36
+LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
+WHEELHOUSE ?= $(HOME)/.cache/ragtier/wheels-$(shell echo '$(LLAMA_CPP) $(LLAMA_CMAKE_ARGS)' | md5sum | cut -c1-8)
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
 .PHONY: run test install lint bench clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	ls $(WHEELHOUSE)/llama_cpp_python-*.whl >/dev/null 2>&1 || CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" \
+	  $(PY) -m pip wheel --quiet --no-deps --no-cache-dir -w $(WHEELHOUSE) '$(LLAMA_CPP)'
+	$(PY) -m pip install --quiet --find-links $(WHEELHOUSE) -e '.[test]'
+	$(PY) -m pip install --quiet --no-deps --force-reinstall $(WHEELHOUSE)/llama_cpp_python-*.whl
 	touch $(STAMP)
 
 install: $(STAMP)

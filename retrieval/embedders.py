@@ -45,6 +45,10 @@ class Embedder(Protocol):
     def count_tokens(self, text: str) -> int:
         """Word pieces in ``text`` alone: no special tokens, no truncation."""
 
+    def count_embedding_tokens(self, texts: Sequence[str]) -> int:
+        """Exactly the ``token_count`` that ``embed(texts)`` reports, without embedding:
+        what a budget reserves before the work starts."""
+
     def embed(self, texts: Sequence[str]) -> Embeddings: ...
 
 
@@ -103,11 +107,16 @@ class SentenceTransformerEmbedder:
     def count_tokens(self, text: str) -> int:
         return len(self._tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"])
 
+    def count_embedding_tokens(self, texts: Sequence[str]) -> int:
+        if not texts:
+            return 0
+        encoded = self._tokenizer(list(texts), add_special_tokens=False, verbose=False)["input_ids"]
+        return sum(min(len(ids) + self._specials, self.max_tokens) for ids in encoded)
+
     def embed(self, texts: Sequence[str]) -> Embeddings:
         if not texts:
             return Embeddings(np.zeros((0, self.dimension), dtype=np.float32), 0)
-        encoded = self._tokenizer(list(texts), add_special_tokens=False, verbose=False)["input_ids"]
-        tokens = sum(min(len(ids) + self._specials, self.max_tokens) for ids in encoded)
+        tokens = self.count_embedding_tokens(texts)
         vectors = self._model.encode(
             list(texts),
             batch_size=self.batch_size,
@@ -136,6 +145,9 @@ class FakeEmbedder:
 
     def count_tokens(self, text: str) -> int:
         return len(_WORD.findall(text))
+
+    def count_embedding_tokens(self, texts: Sequence[str]) -> int:
+        return sum(min(self.count_tokens(text), self.max_tokens - 2) + 2 for text in texts)
 
     def embed(self, texts: Sequence[str]) -> Embeddings:
         vectors = np.zeros((len(texts), self.dimension), dtype=np.float32)

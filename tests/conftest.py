@@ -37,6 +37,38 @@ def _data_dir(settings: Any, tmp_path: Path) -> None:
     settings.MEDIA_ROOT = tmp_path / "media"
 
 
+@pytest.fixture(autouse=True)
+def _limiter_keys(settings: Any) -> None:
+    """Each test's token buckets and stream slots under their own Redis key prefix."""
+    import uuid
+
+    settings.RATE_LIMIT_KEY_PREFIX = f"ragtier:test:{uuid.uuid4().hex[:12]}:"
+
+
+def reachable_redis_url() -> str:
+    """The Redis the suite may use (CI's ``REDIS_URL``, else the local one), or skip."""
+    import os
+
+    import redis
+
+    url = os.environ.get("REDIS_URL") or "redis://127.0.0.1:6379/15"
+    client = redis.Redis.from_url(url, socket_connect_timeout=1)
+    try:
+        client.ping()
+    except redis.ConnectionError:
+        pytest.skip(f"no Redis at {url}")
+    finally:
+        client.close()
+    return url
+
+
+@pytest.fixture(params=["database", "redis"])
+def limiter_store(request: Any, settings: Any) -> str:
+    """Run a test with buckets and slots in the database, then in real Redis."""
+    settings.RATE_LIMIT_REDIS_URL = reachable_redis_url() if request.param == "redis" else ""
+    return str(request.param)
+
+
 @pytest.fixture
 def team(db: None) -> Team:
     return factories.team(name="acme")

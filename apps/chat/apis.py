@@ -168,6 +168,19 @@ class ConversationMessageCreateApi(APIView):
                 description="text/event-stream: message, retrieval, delta, "
                 "reasoning, usage, error, done"
             ),
+            400: OpenApiResponse(
+                description="context_length_exceeded, max_tokens_too_large (the model's or "
+                "the caller's limit), request_exceeds_burst_capacity"
+            ),
+            429: OpenApiResponse(
+                description="key_tokens_per_minute, team_tokens_per_minute, "
+                "team_quota_exceeded, key_quota_exceeded, too_many_concurrent_streams; "
+                "Retry-After and x-ratelimit-{limit,remaining,reset}-tokens "
+                "(-streams for concurrency); nothing embedded or generated"
+            ),
+            503: OpenApiResponse(
+                description="rate_limiter_unavailable (Redis down, failing closed) with Retry-After"
+            ),
         },
     )
     def post(self, request: Request, conversation_id: int) -> HttpResponseBase:

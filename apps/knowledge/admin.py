@@ -46,6 +46,7 @@ class DocumentAdmin(admin.ModelAdmin):
         "page_count",
         "chunk_count",
         "embedding_tokens",
+        "reservation",
         "error",
         "created_at",
         "updated_at",

@@ -3,6 +3,7 @@ from __future__ import annotations
 from django.db import models
 
 from apps.accounts.models import Team
+from apps.usage.models import Reservation
 
 
 class Collection(models.Model):
@@ -62,6 +63,15 @@ class Document(models.Model):
     page_count = models.PositiveIntegerField(null=True, blank=True)
     chunk_count = models.PositiveIntegerField(default=0)
     embedding_tokens = models.PositiveBigIntegerField(default=0)
+    reservation = models.ForeignKey(
+        Reservation,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+        editable=False,
+        help_text="the embedding tokens held against the team's quota for this run",
+    )
     parsed = models.JSONField(null=True, blank=True, editable=False)
     error = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True)

@@ -35,6 +35,8 @@ class LimitAdmin(admin.ModelAdmin):
         "tokens_per_minute",
         "daily_tokens",
         "monthly_tokens",
+        "max_concurrent_streams",
+        "max_tokens",
     ]
     list_filter = ["team"]
     autocomplete_fields = ["api_key"]

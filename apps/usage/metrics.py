@@ -8,7 +8,9 @@ teams, users or message ids.
 
 from __future__ import annotations
 
+import logging
 import os
+from collections.abc import Iterator
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -20,6 +22,9 @@ from prometheus_client import (
     generate_latest,
     multiprocess,
 )
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+logger = logging.getLogger(__name__)
 
 TTFT = Histogram(
     "ragtier_ttft_seconds",
@@ -53,6 +58,14 @@ CONTEXT_LENGTH_EXCEEDED = Counter(
     "ragtier_context_length_exceeded", "Requests refused before calling the model."
 )
 UPSTREAM_ERRORS = Counter("ragtier_upstream_errors", "Inference tier failures.", ["code"])
+RATE_LIMITED = Counter(
+    "ragtier_rate_limited", "Requests refused with 429, by limit code.", ["code"]
+)
+ADMISSION_UNAVAILABLE = Counter(
+    "ragtier_admission_unavailable", "Requests refused with 503: the limiter was unreachable."
+)
+RESERVATIONS = Counter("ragtier_reservations", "Token reservations made, by kind.", ["kind"])
+SETTLEMENTS = Counter("ragtier_settlements", "Token reservations settled, by kind.", ["kind"])
 IN_FLIGHT = Gauge(
     "ragtier_generations_in_flight",
     "Answers being generated now.",
@@ -60,10 +73,41 @@ IN_FLIGHT = Gauge(
 )
 
 
+class ReservationsCollector:
+    """Open reservations and the tokens they hold, read from the database at scrape time:
+    exact whichever process reserved, settled or expired them."""
+
+    def collect(self) -> Iterator[Metric]:
+        from django.db import DatabaseError
+
+        from apps.usage.selectors import reservations_open
+
+        try:
+            held = reservations_open()
+        except DatabaseError as exc:  # a scrape still answers with every other metric
+            logger.warning("metrics: cannot read reservations: %s", exc)
+            return
+
+        count = GaugeMetricFamily(
+            "ragtier_reservations_open", "Token reservations not yet settled.", labels=["kind"]
+        )
+        tokens = GaugeMetricFamily(
+            "ragtier_reserved_tokens", "Tokens held by open reservations.", labels=["kind"]
+        )
+        for kind, (number, reserved) in held.items():
+            count.add_metric([kind], number)
+            tokens.add_metric([kind], reserved)
+        yield count
+        yield tokens
+
+
 def metrics_exposition() -> tuple[bytes, str]:
     """The text exposition of every process's metrics."""
+    registry = CollectorRegistry()
+    registry.register(ReservationsCollector())
+    own = generate_latest(registry)
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        registry = CollectorRegistry()
-        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
-        return generate_latest(registry), CONTENT_TYPE_LATEST
-    return generate_latest(REGISTRY), CONTENT_TYPE_LATEST
+        aggregated = CollectorRegistry()
+        multiprocess.MultiProcessCollector(aggregated)  # type: ignore[no-untyped-call]
+        return generate_latest(aggregated) + own, CONTENT_TYPE_LATEST
+    return generate_latest(REGISTRY) + own, CONTENT_TYPE_LATEST

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import uuid
+
 from django.conf import settings
 from django.db import models
 
@@ -63,7 +65,8 @@ class Limit(models.Model):
 
     A token bucket absorbs bursts (``burst_tokens`` capacity, refilled at
     ``tokens_per_minute``); period quotas count tokens per calendar day and month in the
-    team's time zone.
+    team's time zone; ``max_concurrent_streams`` bounds answers in flight; ``max_tokens``
+    caps what one request may ask for (each model's own cap still applies).
     """
 
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="limits")
@@ -74,6 +77,14 @@ class Limit(models.Model):
     tokens_per_minute = models.PositiveBigIntegerField(null=True, blank=True)
     daily_tokens = models.PositiveBigIntegerField(null=True, blank=True)
     monthly_tokens = models.PositiveBigIntegerField(null=True, blank=True)
+    max_concurrent_streams = models.PositiveIntegerField(
+        null=True, blank=True, help_text="answers being generated at once"
+    )
+    max_tokens = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="cap on a request's max_tokens, under each model's own cap",
+    )
 
     class Meta:
         constraints = [
@@ -118,16 +129,60 @@ class QuotaCounter(models.Model):
         return f"{self.period} from {self.starts_on}: {self.used}"
 
 
+class StreamCounter(models.Model):
+    """Answers in flight under a limit (the database store; Redis keeps its own)."""
+
+    limit = models.OneToOneField(Limit, on_delete=models.CASCADE, related_name="streams")
+    open = models.IntegerField(default=0)
+
+    def __str__(self) -> str:
+        return f"{self.open} streams open"
+
+
 class Reservation(models.Model):
-    """Tokens held for a request in flight, replaced by actual usage when it settles."""
+    """Tokens held for a request in flight, replaced by actual usage when it settles.
+
+    ``buckets`` and ``slots`` name the limits whose token bucket and stream slot it holds,
+    in ``store`` (the database, or Redis when configured); ``counters`` the period quota
+    counters it charged (always in the database).
+    """
+
+    class Store(models.TextChoices):
+        DATABASE = "database"
+        REDIS = "redis"
 
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="reservations")
+    api_key = models.ForeignKey(
+        ApiKey, on_delete=models.SET_NULL, null=True, blank=True, related_name="reservations"
+    )
+    kind = models.CharField(
+        max_length=16, choices=UsageRecord.Kind.choices, default=UsageRecord.Kind.CHAT
+    )
+    token = models.UUIDField(default=uuid.uuid4, editable=False, unique=True)
     tokens = models.PositiveBigIntegerField()
-    buckets = models.JSONField(default=list, help_text="ids of the buckets drawn on")
+    store = models.CharField(max_length=16, choices=Store.choices, default=Store.DATABASE)
+    buckets = models.JSONField(default=list, help_text="ids of the limits whose bucket it drew on")
+    slots = models.JSONField(default=list, help_text="ids of the limits whose stream slot it holds")
     counters = models.JSONField(default=list, help_text="ids of the quota counters charged")
     created_at = models.DateTimeField()
     expires_at = models.DateTimeField(db_index=True)
     settled_at = models.DateTimeField(null=True, blank=True)
+    actual_tokens = models.BigIntegerField(null=True, blank=True)
+    remote_pending = models.BooleanField(
+        default=False, help_text="settled here, but Redis was unreachable: refund it later"
+    )
+
+    class Meta:
+        indexes = [
+            models.Index(
+                fields=["expires_at"],
+                condition=models.Q(settled_at__isnull=True),
+                name="reservation_open",
+            ),
+            models.Index(
+                fields=["id"], condition=models.Q(remote_pending=True), name="reservation_remote"
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.tokens} tokens for {self.team_id}"

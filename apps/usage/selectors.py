@@ -7,13 +7,14 @@ from decimal import Decimal
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from django.db.models import Count, F, Q, Sum
+from django.db.models import Count, F, Sum
 from django.db.models.functions import TruncDate
 from django.utils import timezone
 
 from apps.accounts.models import ApiKey, Team
-from apps.usage.budgets import period_bounds, refilled
-from apps.usage.models import Limit, QuotaCounter, TokenBucket, UsageRecord
+from apps.usage.budgets import limits_of, period_bounds
+from apps.usage.limiters import LimiterUnavailable, buckets_and_slots, limiter
+from apps.usage.models import QuotaCounter, Reservation, UsageRecord
 
 GROUPS = {
     "day": "day",
@@ -80,21 +81,27 @@ def quota_report(
     """The limits that apply to the caller and what remains of each, without changing any."""
     now = now or timezone.now()
     zone = ZoneInfo(team.time_zone)
-    limits = Limit.objects.filter(team=team, api_key__isnull=True)
-    if api_key is not None:
-        limits = Limit.objects.filter(Q(team=team, api_key__isnull=True) | Q(api_key=api_key))
+    store = limiter()
     report: list[dict[str, Any]] = []
-    for limit in limits.select_related("api_key"):
+    for limit in limits_of(team=team, api_key=api_key).select_related("api_key"):
         scope = f"key {limit.api_key.prefix}" if limit.api_key else "team"
-        entry: dict[str, Any] = {"scope": scope, "bucket": None, "day": None, "month": None}
-        if limit.burst_tokens is not None and limit.tokens_per_minute is not None:
-            bucket = TokenBucket.objects.filter(limit=limit).first()
-            available = limit.burst_tokens
-            if bucket is not None:
-                available, _ = refilled(bucket, limit.burst_tokens, limit.tokens_per_minute, now)
+        entry: dict[str, Any] = {
+            "scope": scope,
+            "bucket": None,
+            "day": None,
+            "month": None,
+            "max_concurrent_streams": limit.max_concurrent_streams,
+            "max_tokens": limit.max_tokens,
+        }
+        bucket, _ = buckets_and_slots(limit)
+        if bucket is not None:
+            try:
+                available: int | None = store.available(bucket, now)
+            except LimiterUnavailable:
+                available = None
             entry["bucket"] = {
-                "capacity": limit.burst_tokens,
-                "tokens_per_minute": limit.tokens_per_minute,
+                "capacity": bucket.capacity,
+                "tokens_per_minute": bucket.rate,
                 "available": available,
             }
         for period, quota in (("day", limit.daily_tokens), ("month", limit.monthly_tokens)):
@@ -113,3 +120,40 @@ def quota_report(
             }
         report.append(entry)
     return {"limits": report, "unlimited": not report}
+
+
+def reservations_open() -> dict[str, tuple[int, int]]:
+    """{kind: (open reservations, tokens they hold)}, every kind present."""
+    rows = (
+        Reservation.objects.filter(settled_at__isnull=True)
+        .values("kind")
+        .annotate(number=Count("pk"), held=Sum("tokens"))
+    )
+    found = {row["kind"]: (int(row["number"]), int(row["held"] or 0)) for row in rows}
+    return {kind: found.get(kind, (0, 0)) for kind in UsageRecord.Kind.values}
+
+
+def usage_daily_by_kind(*, team: Team, start: date, end: date) -> list[dict[str, Any]]:
+    """Tokens (prompt + completion) per day of the team's time zone and kind, for every day
+    of ``[start, end]`` and every kind, zeros included, oldest first."""
+    zone = ZoneInfo(team.time_zone)
+    since = datetime.combine(start, time.min, tzinfo=zone)
+    until = datetime.combine(end + timedelta(days=1), time.min, tzinfo=zone)
+    rows = (
+        UsageRecord.objects.filter(team=team, created_at__gte=since, created_at__lt=until)
+        .annotate(day=TruncDate("created_at", tzinfo=zone))
+        .values("day", "kind")
+        .annotate(prompt=Sum("prompt_tokens"), completion=Sum("completion_tokens"))
+    )
+    found = {
+        (row["day"], row["kind"]): int(row["prompt"] or 0) + int(row["completion"] or 0)
+        for row in rows
+    }
+    days = [start + timedelta(days=n) for n in range((end - start).days + 1)]
+    return [
+        {
+            "day": day,
+            "tokens": {kind: found.get((day, kind), 0) for kind in UsageRecord.Kind.values},
+        }
+        for day in days
+    ]

@@ -23,3 +23,12 @@ MODEL_ENERGY_WH_PER_1K_TOKENS: dict[str, float] = env.json(
 )
 MAX_USAGE_REPORT_DAYS = env.int("RAGTIER_MAX_USAGE_REPORT_DAYS", default=366)
 RESERVATION_TTL_SECONDS = env.int("RESERVATION_TTL_SECONDS", default=3600)
+
+# Token buckets and stream slots: Redis when configured (one Lua script per reservation),
+# else the database. Period quotas are always in the database.
+RATE_LIMIT_REDIS_URL = env.str("RATE_LIMIT_REDIS_URL", default=env.str("REDIS_URL", default=""))
+RATE_LIMIT_KEY_PREFIX = env.str("RATE_LIMIT_KEY_PREFIX", default="ragtier:limits:")
+RATE_LIMIT_REDIS_TIMEOUT = env.float("RATE_LIMIT_REDIS_TIMEOUT", default=0.5)
+# Redis unreachable at admission: "closed" answers 503 (nothing passes unchecked);
+# "database" enforces buckets and slots from the database until Redis is back.
+RATE_LIMIT_REDIS_FALLBACK = env.str("RATE_LIMIT_REDIS_FALLBACK", default="closed")

@@ -34,7 +34,7 @@ from apps.chat.services.models import (
 from apps.core.exceptions import as_application_error, error_body
 from apps.knowledge.services import SearchResult, chunk_search
 from apps.usage import metrics
-from apps.usage.budgets import budget_reserve, budget_settle
+from apps.usage.budgets import budget_extend, budget_reserve, budget_settle, max_tokens_cap
 from apps.usage.models import Reservation, UsageRecord
 from apps.usage.services import usage_columns, usage_record_chat
 from inference import (
@@ -120,36 +120,80 @@ def answer_prepare(
     sends its own); ``instructions`` (a client's system message) follow the system prompt.
     """
     spec = model_resolve(alias=model)
-    output_tokens = output_tokens_resolve(spec=spec, max_tokens=max_tokens)
-    started = time.monotonic()
-    results: list[SearchResult] = []
-    if rag:
-        collections = collection_ids if collection_ids is not None else conversation.collection_ids
-        results = chunk_search(
-            caller=caller, query=content, collection_ids=collections or None, top_k=top_k
-        )
-    passages = [
-        Passage(r.chunk.document.title, r.chunk.text, tuple(r.chunk.headings)) for r in results
-    ]
-    try:
-        prompt = assemble_prompt(
-            tokenizer=tokenizer(),
-            question=content,
-            passages=passages,
-            history=history_of(conversation) if history is None else history,
-            system=f"{SYSTEM_PROMPT}\n\n{instructions}" if instructions else SYSTEM_PROMPT,
-            context_window=spec.context_window,
-            max_output_tokens=output_tokens,
-        )
-    except ContextLengthExceeded:
-        metrics.CONTEXT_LENGTH_EXCEEDED.inc()
-        raise
-    metrics.RETRIEVAL.observe(time.monotonic() - started)
-    # Admission: the whole prompt plus every output token it may generate, held atomically
-    # against every limit before the model is called (429 here, never mid-stream).
-    reservation = budget_reserve(
-        team=caller.team, api_key=caller.api_key, tokens=prompt.prompt_tokens + output_tokens
+    output_tokens = output_tokens_resolve(
+        spec=spec,
+        max_tokens=max_tokens,
+        cap=max_tokens_cap(team=caller.team, api_key=caller.api_key),
     )
+    started = time.monotonic()
+    turns = history_of(conversation) if history is None else history
+
+    def assembled(passages: list[Passage]) -> Prompt:
+        try:
+            return assemble_prompt(
+                tokenizer=tokenizer(),
+                question=content,
+                passages=passages,
+                history=turns,
+                system=f"{SYSTEM_PROMPT}\n\n{instructions}" if instructions else SYSTEM_PROMPT,
+                context_window=spec.context_window,
+                max_output_tokens=output_tokens,
+            )
+        except ContextLengthExceeded:
+            metrics.CONTEXT_LENGTH_EXCEEDED.inc()
+            raise
+
+    # Admission, before anything is embedded or generated: the prompt without passages
+    # plus every output token it may generate, held atomically against every limit (429
+    # here, never mid-stream). Passages only add tokens, so the bare prompt is a floor.
+    bare = assembled([])
+    reservation = budget_reserve(
+        team=caller.team, api_key=caller.api_key, tokens=bare.prompt_tokens + output_tokens
+    )
+    try:
+        results: list[SearchResult] = []
+        if rag:
+            collections = (
+                collection_ids if collection_ids is not None else conversation.collection_ids
+            )
+            results = chunk_search(
+                caller=caller, query=content, collection_ids=collections or None, top_k=top_k
+            )
+        passages = [
+            Passage(r.chunk.document.title, r.chunk.text, tuple(r.chunk.headings)) for r in results
+        ]
+        prompt = assembled(passages) if passages else bare
+        metrics.RETRIEVAL.observe(time.monotonic() - started)
+        # The passages' tokens, held on the same reservation, all or nothing.
+        budget_extend(reservation=reservation, tokens=prompt.prompt_tokens - bare.prompt_tokens)
+        return _prepared(
+            caller=caller,
+            conversation=conversation,
+            content=content,
+            spec=spec,
+            prompt=prompt,
+            output_tokens=output_tokens,
+            results=results,
+            reservation=reservation,
+            want_reasoning=want_reasoning,
+        )
+    except BaseException:
+        budget_settle(reservation=reservation, actual=0)
+        raise
+
+
+def _prepared(
+    *,
+    caller: Caller,
+    conversation: Conversation,
+    content: str,
+    spec: ModelSpec,
+    prompt: Prompt,
+    output_tokens: int,
+    results: list[SearchResult],
+    reservation: Reservation,
+    want_reasoning: bool,
+) -> PreparedAnswer:
     citations = [
         {
             "id": number,

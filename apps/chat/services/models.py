@@ -65,13 +65,18 @@ def _tier_context_window(base_url: str, served_name: str) -> int:
     )
 
 
-def output_tokens_resolve(*, spec: ModelSpec, max_tokens: int | None) -> int:
-    """``max_tokens`` checked against the model's cap; the cap when none is asked."""
+def output_tokens_resolve(
+    *, spec: ModelSpec, max_tokens: int | None, cap: int | None = None
+) -> int:
+    """``max_tokens`` checked against the model's cap and the caller's limit (``cap``);
+    the tighter of the two when none is asked."""
+    allowed = spec.max_output_tokens if cap is None else min(cap, spec.max_output_tokens)
     if max_tokens is None:
-        return spec.max_output_tokens
-    if max_tokens > spec.max_output_tokens:
+        return allowed
+    if max_tokens > allowed:
+        whose = spec.alias if allowed == spec.max_output_tokens else "your token limit"
         raise InvalidRequest(
-            f"max_tokens is {max_tokens}; {spec.alias} allows at most {spec.max_output_tokens}.",
+            f"max_tokens is {max_tokens}; {whose} allows at most {allowed}.",
             code="max_tokens_too_large",
             param="max_tokens",
         )

@@ -15,7 +15,7 @@ from django.db import IntegrityError, transaction
 from apps.core.exceptions import InvalidRequest, PayloadTooLarge, UnsupportedFileType
 from apps.knowledge.models import Chunk, Collection, Document
 from apps.knowledge.services.indexing import collection_index_write
-from apps.knowledge.services.ingestion import ingestion_enqueue
+from apps.knowledge.services.ingestion import document_release, ingestion_enqueue
 from retrieval import UnsupportedDocument, VectorIndex, detect_media_type, pdf_page_count
 from retrieval.parsing import MARKDOWN, PDF, TEXT
 
@@ -166,11 +166,19 @@ def _existing(document: Document) -> Accepted:
 
 
 def document_delete(*, document: Document) -> None:
-    """Remove the document, its chunks and their vectors, in one transaction."""
+    """Remove the document, its chunks and their vectors, in one transaction.
+
+    A document deleted while it is being embedded is charged for the tokens spent so far,
+    and its quota reservation is settled on them rather than left to expire.
+    """
     source = document.source
     with transaction.atomic():
+        current = Document.objects.select_for_update().filter(pk=document.pk).first()
+        if current is None:
+            return  # deleted meanwhile
+        document_release(document=current)
         chunk_ids = list(Chunk.objects.filter(document=document).values_list("pk", flat=True))
-        if chunk_ids and document.status == Document.Status.INDEXED:
+        if chunk_ids and current.status == Document.Status.INDEXED:
             collection_index_write(
                 collection_id=document.collection_id,
                 mutate=lambda index: _remove(index, chunk_ids),
@@ -194,6 +202,8 @@ def document_reingest(*, document: Document) -> Document:
                 mutate=lambda index: _remove(index, chunk_ids),
             )
         Chunk.objects.filter(document=document).delete()
+        document_release(document=document)
+        document.reservation = None  # a new run reserves afresh
         document.status = Document.Status.QUEUED
         document.stage = Document.Stage.PARSE
         document.progress = 0

@@ -8,6 +8,12 @@ and the database is never locked while a model runs (on SQLite that would stall 
 writer, the web server included). Chunks are unique per document and position, embeddings
 are computed only for chunks that lack one, and vectors enter the index in the transaction
 that marks the document indexed.
+
+Embedding draws on the team's period quotas (kind ``embedding``): before the first batch,
+the embed stage reserves the exact tokens the document will cost and keeps the
+reservation on the document; charging the ledger settles it in the same transaction, and
+so do failing and deleting the document. A refused reservation fails the document before
+anything is embedded; its source stays, so it can be re-ingested once the quota allows.
 """
 
 from __future__ import annotations
@@ -25,7 +31,8 @@ from django.utils import timezone
 
 from apps.knowledge.models import Chunk, Document
 from apps.knowledge.services.indexing import chunk_vectors, collection_index_write, embedder
-from apps.usage.models import UsageRecord
+from apps.usage.budgets import RateLimited, budget_reserve, budget_settle
+from apps.usage.models import Reservation, UsageRecord
 from apps.usage.services import usage_record_embedding
 from config.celery import app as celery_app
 from retrieval import (
@@ -78,10 +85,25 @@ def document_fail(*, document_id: int, error: str) -> None:
         if document.stage == Stage.EMBED and document.embedding_tokens:
             # Tokens already spent on a failed job are still charged, marked as such.
             _charge(document, status=UsageRecord.Status.ERROR)
+        else:
+            _settle(document)
         document.status = Document.Status.FAILED
         document.error = error[:2000]
         document.save(update_fields=["status", "error", "updated_at"])
     logger.info("document %s failed: %s", document_id, error)
+
+
+def document_release(*, document: Document) -> None:
+    """Settle the document's quota reservation, if it holds one, on the tokens it spent.
+
+    For a document about to be deleted or re-ingested, with its row locked inside the
+    transaction that does it: a run caught in the embed stage is charged (as cancelled)
+    for what it embedded so far, the rest of the reservation goes back to the team.
+    """
+    if document.status in ACTIVE and document.stage == Stage.EMBED and document.embedding_tokens:
+        _charge(document, status=UsageRecord.Status.CANCELLED)
+    else:
+        _settle(document)
 
 
 def _peek(document_id: int, stage: str) -> Document | None:
@@ -199,6 +221,10 @@ def _embed(document_id: int) -> None:
                     _charge(document, status=UsageRecord.Status.OK)
                     _advance(document, Stage.INDEX)
             return
+        if not _holds_reservation(document):
+            if not _embedding_reserve(document):
+                return
+            continue  # read the document and its batch again, now that it holds the tokens
         embedded = model.embed(
             [embedding_text(document.title, tuple(c.headings), c.text) for c in batch]
         )
@@ -215,7 +241,66 @@ def _embed(document_id: int) -> None:
             document.save(update_fields=["embedding_tokens", "progress", "updated_at"])
 
 
+def _holds_reservation(document: Document) -> bool:
+    return (
+        document.reservation_id is not None
+        and Reservation.objects.filter(pk=document.reservation_id, settled_at__isnull=True).exists()
+    )
+
+
+def _embedding_reserve(document: Document) -> bool:
+    """Hold the document's embedding tokens against the team's quotas; False if it is no
+    longer waiting to be embedded or the quota refused it (the document then fails).
+
+    Counted before taking the row lock (SQLite's IMMEDIATE transactions would hold every
+    writer meanwhile), and again under it only if a batch landed in between. Under the lock
+    a re-delivered or resumed stage finds the reservation and takes no second one; a
+    reservation the expiry sweep released meanwhile (a run longer than its lifetime) is
+    taken afresh.
+    """
+    tokens = _embedding_cost(document)
+    try:
+        with transaction.atomic():
+            locked = _claim(document.pk, Stage.EMBED)
+            if locked is None:
+                return False
+            if _holds_reservation(locked):
+                return True
+            if (locked.title, locked.embedding_tokens) != (
+                document.title,
+                document.embedding_tokens,
+            ):
+                tokens = _embedding_cost(locked)  # a batch landed meanwhile: count again
+            locked.reservation = budget_reserve(
+                team=locked.team, api_key=None, tokens=tokens, kind=UsageRecord.Kind.EMBEDDING
+            )
+            locked.save(update_fields=["reservation", "updated_at"])
+            return True
+    except RateLimited as exc:
+        remaining = exc.headers.get("x-ratelimit-remaining-tokens", "?")
+        document_fail(
+            document_id=document.pk,
+            error=f"{exc.code}: the team's embedding quota is spent (this document needs "
+            f"{tokens} tokens, {remaining} remain); "
+            f"retry in {exc.headers.get('Retry-After', '?')} s",
+        )
+        return False
+
+
+def _embedding_cost(document: Document) -> int:
+    """Exactly what the run will have cost when done: the tokens already spent plus what
+    ``embed()`` will count for every chunk still lacking a vector."""
+    pending = Chunk.objects.filter(document=document, embedding__isnull=True)
+    texts = [
+        embedding_text(document.title, tuple(headings), text)
+        for headings, text in pending.values_list("headings", "text")
+    ]
+    return document.embedding_tokens + embedder().count_embedding_tokens(texts)
+
+
 def _charge(document: Document, *, status: str) -> None:
+    """Write the document's embedding tokens to the ledger and settle its reservation on
+    them. Call inside the transaction that holds the document's row lock."""
     usage_record_embedding(
         team=document.team,
         model=embedder().model_name,
@@ -224,6 +309,16 @@ def _charge(document: Document, *, status: str) -> None:
         object_id=str(document.pk),
         status=status,
     )
+    _settle(document)
+
+
+def _settle(document: Document) -> None:
+    """Replace the document's reservation, if it holds one, with the tokens it spent."""
+    if document.reservation_id is None:
+        return
+    reservation = Reservation.objects.filter(pk=document.reservation_id).first()
+    if reservation is not None:
+        budget_settle(reservation=reservation, actual=document.embedding_tokens)
 
 
 @_failing_the_document

@@ -13,6 +13,8 @@ FIELDS = {
     "tokens_per_minute": "tokens_per_minute",
     "daily": "daily_tokens",
     "monthly": "monthly_tokens",
+    "max_concurrent": "max_concurrent_streams",
+    "max_tokens": "max_tokens",
 }
 
 
