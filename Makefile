@@ -43,6 +43,7 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(PY) bench/retrieval_quality.py
 	$(PY) bench/retrieval_latency.py
+	$(PY) bench/admission_latency.py
 
 clean:
 	rm -rf data .pytest_cache .mypy_cache .ruff_cache
