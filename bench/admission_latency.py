@@ -42,7 +42,7 @@ How
     threads share them: the load average is printed.
 
 Run
-    cd /work/main && .venv/bin/python bench/admission_latency.py
+    .venv/bin/python bench/admission_latency.py
 """
 
 from __future__ import annotations
@@ -58,6 +58,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -132,6 +133,25 @@ def setup_django(data_dir: Path, database_url: str) -> None:
     django.setup()
 
 
+@contextlib.contextmanager
+def fresh_database() -> Iterator[str]:
+    """Create settings' PostgreSQL database (dropping a leftover one of the same name) and
+    migrate it, with Django's test-database machinery; drop it at the end. Yields its name.
+    """
+    from django.conf import settings
+    from django.db import connection
+    from django.test.utils import setup_databases, teardown_databases
+
+    name = settings.DATABASES["default"]["NAME"]
+    settings.DATABASES["default"].setdefault("TEST", {})["NAME"] = name
+    old_config = setup_databases(verbosity=0, interactive=False)
+    try:
+        yield name
+    finally:
+        connection.close()
+        teardown_databases(old_config, verbosity=0)
+
+
 # --------------------------------------------------------------------------- fake TTFT
 
 
@@ -193,23 +213,33 @@ def run_configuration(
     iterations: int,
     warmup: int,
     reserve_tokens: int,
+    teams: int = 1,
 ) -> Result:
+    """Reserve + settle from ``concurrency`` threads; thread i charges team ``i % teams``."""
     from django.conf import settings
     from django.db import connection
 
+    from apps.accounts.models import Team
     from apps.accounts.services import team_create
     from apps.usage.budgets import budget_reserve, budget_settle
     from apps.usage.models import Limit, QuotaCounter, Reservation
 
     settings.RATE_LIMIT_REDIS_URL = redis_url if store == "redis" else ""
-    team = team_create(name=f"bench-admission-{store}-{concurrency}-{uuid.uuid4().hex[:8]}")
-    limit = Limit.objects.create(
-        team=team,
-        burst_tokens=LARGE,
-        tokens_per_minute=LARGE,
-        daily_tokens=LARGE,
-        max_concurrent_streams=max(64, concurrency * 2),
-    )
+    run = uuid.uuid4().hex[:8]
+    team_list = [
+        team_create(name=f"bench-admission-{store}-{concurrency}-{run}-{number}")
+        for number in range(teams)
+    ]
+    limits = [
+        Limit.objects.create(
+            team=team,
+            burst_tokens=LARGE,
+            tokens_per_minute=LARGE,
+            daily_tokens=LARGE,
+            max_concurrent_streams=max(64, concurrency * 2),
+        )
+        for team in team_list
+    ]
     result = Result(store, concurrency)
     lock = threading.Lock()
     settled_total = [0]
@@ -219,7 +249,7 @@ def run_configuration(
     warm_per_thread = max(1, warmup // concurrency)
     barrier = threading.Barrier(concurrency + 1)
 
-    def one(number: int) -> tuple[float, float, int]:
+    def one(team: Team, number: int) -> tuple[float, float, int]:
         refund = 1 + number % (reserve_tokens // 2)
         started = time.perf_counter()
         reservation = budget_reserve(team=team, api_key=None, tokens=reserve_tokens)
@@ -232,12 +262,13 @@ def run_configuration(
     def worker(index: int) -> None:
         local: list[tuple[float, float]] = []
         total = 0
+        team = team_list[index % teams]
         try:
             for number in range(warm_per_thread):
-                total += one(number)[2]
+                total += one(team, number)[2]
             barrier.wait()
             for number in range(per_thread[index]):
-                reserve_s, settle_s, actual = one(number)
+                reserve_s, settle_s, actual = one(team, number)
                 total += actual
                 local.append((reserve_s, settle_s))
         except threading.BrokenBarrierError:
@@ -265,13 +296,14 @@ def run_configuration(
         thread.join()
     result.wall_s = time.perf_counter() - started
 
-    used = sum(QuotaCounter.objects.filter(limit=limit).values_list("used", flat=True))
+    used = sum(QuotaCounter.objects.filter(limit__in=limits).values_list("used", flat=True))
     if used != settled_total[0]:
         result.checks.append(f"quota counter {used} != sum of actual {settled_total[0]}")
-    unsettled = Reservation.objects.filter(team=team, settled_at__isnull=True).count()
+    ours = Reservation.objects.filter(team__in=team_list)
+    unsettled = ours.filter(settled_at__isnull=True).count()
     if unsettled:
         result.checks.append(f"{unsettled} reservations unsettled")
-    pending = Reservation.objects.filter(team=team, remote_pending=True).count()
+    pending = ours.filter(remote_pending=True).count()
     if pending:
         result.checks.append(f"{pending} Redis refunds pending")
     return result
@@ -315,32 +347,27 @@ def main(argv: list[str] | None = None) -> int:
 
     from django.conf import settings
     from django.db import connection
-    from django.test.utils import setup_databases, teardown_databases
 
-    name = settings.DATABASES["default"]["NAME"]
-    settings.DATABASES["default"].setdefault("TEST", {})["NAME"] = name
     settings.RATE_LIMIT_KEY_PREFIX = prefix
-    old_config = setup_databases(verbosity=0, interactive=False)
     results: list[Result] = []
     try:
-        server = connection.cursor().connection.info.server_version
-        ttft = fake_ttft_ms(args.ttft_samples)
-        fake_median = statistics.median(ttft)
-        for store in ("redis", "database"):
-            for concurrency in args.concurrency:
-                results.append(
-                    run_configuration(
-                        store=store,
-                        redis_url=args.redis_url,
-                        concurrency=concurrency,
-                        iterations=args.iterations,
-                        warmup=args.warmup,
-                        reserve_tokens=args.reserve_tokens,
+        with fresh_database() as name:
+            server = connection.cursor().connection.info.server_version
+            ttft = fake_ttft_ms(args.ttft_samples)
+            fake_median = statistics.median(ttft)
+            for store in ("redis", "database"):
+                for concurrency in args.concurrency:
+                    results.append(
+                        run_configuration(
+                            store=store,
+                            redis_url=args.redis_url,
+                            concurrency=concurrency,
+                            iterations=args.iterations,
+                            warmup=args.warmup,
+                            reserve_tokens=args.reserve_tokens,
+                        )
                     )
-                )
     finally:
-        connection.close()
-        teardown_databases(old_config, verbosity=0)
         removed = redis_cleanup(args.redis_url, prefix)
         shutil.rmtree(data_dir, ignore_errors=True)
 

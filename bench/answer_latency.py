@@ -59,7 +59,7 @@ How
     Everything started is stopped at the end; the temp folder is removed unless ``--keep``.
 
 Run
-    cd /work/main && HF_HUB_OFFLINE=1 .venv/bin/python bench/answer_latency.py
+    HF_HUB_OFFLINE=1 .venv/bin/python bench/answer_latency.py
 """
 
 from __future__ import annotations
@@ -218,13 +218,17 @@ def service_env(data_dir: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-def start_app(services: Services, name: str, data_dir: Path, inference_base_url: str) -> str:
+def start_app(
+    services: Services, name: str, data_dir: Path, inference_base_url: str, **extra: str
+) -> str:
+    """Start the app under uvicorn (one worker) on a free port; ``extra`` goes into its env."""
     port = free_port()
     env = service_env(
         data_dir,
         INFERENCE_BASE_URL=inference_base_url,
         INFERENCE_RUN_LOCAL="false",
         MODEL_SMALL_CONTEXT_WINDOW=str(CONTEXT_WINDOW),
+        **extra,
     )
     argv = [sys.executable, "-m", "uvicorn", "config.asgi:application"]
     service = services.start(name, [*argv, "--host", "127.0.0.1", "--port", str(port)], env)
@@ -250,14 +254,19 @@ def setup_django(data_dir: Path) -> None:
     django.setup()
 
 
-def setup_data() -> tuple[str, str]:
-    """Migrate, create the team and a key, ingest the demo corpus; (key, ingest summary)."""
+def setup_data(*, ingest: bool = True) -> tuple[str, str]:
+    """Migrate, create the team and a key, ingest the demo corpus; (key, ingest summary).
+
+    ``ingest=False`` skips the corpus (no embedding model loaded); the summary is then "".
+    """
     from django.core.management import call_command
 
     call_command("migrate", verbosity=0)
     call_command("createteam", TEAM, stderr=StringIO())
     out = StringIO()
     call_command("createapikey", team=TEAM, stdout=out)
+    if not ingest:
+        return out.getvalue().strip(), ""
     summary = StringIO()
     call_command(
         "ingest",
@@ -353,7 +362,7 @@ def app_body(question: str, max_tokens: int) -> dict[str, Any]:
 
 def direct_body(tokenizer: Any, question: str, max_tokens: int) -> dict[str, Any]:
     """The body the app sends the tier for ``question`` with retrieval off and no history."""
-    from apps.chat.services.models import model_resolve
+    from apps.chat.services.models import model_alias_resolve
     from inference import ChatRequest, assemble_prompt
 
     prompt = assemble_prompt(
@@ -362,7 +371,7 @@ def direct_body(tokenizer: Any, question: str, max_tokens: int) -> dict[str, Any
         context_window=CONTEXT_WINDOW,
         max_output_tokens=max_tokens,
     )
-    served_name = model_resolve(alias=None).served_name
+    served_name = str(model_alias_resolve(alias=None)[1]["served_name"])
     return ChatRequest(model=served_name, messages=prompt.messages, max_tokens=max_tokens).body()
 
 
@@ -491,7 +500,7 @@ def part_retrieval_share(
     ttft_rounds: int,
 ) -> None:
     from apps.accounts.selectors import Caller, team_get_by_name
-    from apps.chat.services.models import model_resolve
+    from apps.chat.services.models import model_alias_resolve
     from apps.knowledge.services import chunk_search
     from inference import ChatRequest, Passage, assemble_prompt
 
@@ -503,7 +512,7 @@ def part_retrieval_share(
     if team is None:
         raise RuntimeError("the bench team is missing")
     caller = Caller(team, None, None, frozenset({"read"}))
-    served_name = model_resolve(alias=None).served_name
+    served_name = str(model_alias_resolve(alias=None)[1]["served_name"])
 
     def passages_of(results: Sequence[Any]) -> list[Passage]:
         return [
@@ -627,9 +636,8 @@ class BatchStats:
             self.aggregate.append((len(times) - 1) / (times[-1] - times[0]))
 
 
-def part_throughput(
+def measure_throughput(
     *,
-    title: str,
     app: httpx.Client,
     tier: httpx.Client,
     body_direct: dict[str, Any],
@@ -637,9 +645,8 @@ def part_throughput(
     max_tokens: int,
     concurrency: Sequence[int],
     reps: int,
-) -> None:
-    print()
-    print(f"== 3{title}; {load_average()}")
+) -> dict[tuple[str, int], BatchStats]:
+    """Batches of concurrent streams, app and tier alternating; stats by (kind, count)."""
     stats: dict[tuple[str, int], BatchStats] = {}
     warm = stream_direct(tier, body_direct)  # warm-up
     if warm.error:
@@ -659,6 +666,31 @@ def part_throughput(
                 else:
                     streams = concurrent_streams(count, lambda i: stream_direct(tier, body_direct))
                     tier_stats.add(streams)
+    return stats
+
+
+def part_throughput(
+    *,
+    title: str,
+    app: httpx.Client,
+    tier: httpx.Client,
+    body_direct: dict[str, Any],
+    question: str,
+    max_tokens: int,
+    concurrency: Sequence[int],
+    reps: int,
+) -> None:
+    print()
+    print(f"== 3{title}; {load_average()}")
+    stats = measure_throughput(
+        app=app,
+        tier=tier,
+        body_direct=body_direct,
+        question=question,
+        max_tokens=max_tokens,
+        concurrency=concurrency,
+        reps=reps,
+    )
     print(
         f"max_tokens {max_tokens}, {reps} reps per concurrency, order alternating; "
         "rates in tokens/s (content chunks); medians"

@@ -31,7 +31,7 @@ How
     asserted. The temp folder is removed at the end unless ``--keep``.
 
 Run
-    cd /work/main && HF_HUB_OFFLINE=1 .venv/bin/python bench/retrieval_latency.py
+    HF_HUB_OFFLINE=1 .venv/bin/python bench/retrieval_latency.py
 """
 
 from __future__ import annotations

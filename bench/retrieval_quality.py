@@ -25,7 +25,7 @@ How
     system temp folder (``--cache-dir``); a cached run prints the time the first run took.
 
 Run
-    cd /work/main && HF_HUB_OFFLINE=1 .venv/bin/python bench/retrieval_quality.py
+    HF_HUB_OFFLINE=1 .venv/bin/python bench/retrieval_quality.py
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """Framework-free inference: tokenizers matched to the served model, prompt assembly inside
-a token budget, and an async client for OpenAI-compatible servers.
+a token budget, an async client for OpenAI-compatible servers, and the fair queue in front
+of each of them.
 
 Nothing here imports Django; the apps call this package, never the reverse.
 """
@@ -20,11 +21,14 @@ from inference.errors import (
     InferenceError,
     InferenceTimeout,
     InferenceUnavailable,
+    QueueFull,
+    SchedulerUnavailable,
     TokenizerUnavailable,
     UpstreamProtocolError,
 )
 from inference.prompt import SYSTEM_PROMPT, Passage, Prompt, assemble_prompt, render_passages
 from inference.reasoning import ThinkSplitter
+from inference.scheduler import FairQueue, Lease, LocalScheduler, RedisScheduler, Scheduler
 from inference.tokenizers import (
     ChatMessage,
     FakeTokenizer,
@@ -42,6 +46,7 @@ __all__ = [
     "ChatRequest",
     "ContextLengthExceeded",
     "Event",
+    "FairQueue",
     "FakeTokenizer",
     "Finished",
     "GGUFTokenizer",
@@ -49,12 +54,18 @@ __all__ = [
     "InferenceError",
     "InferenceTimeout",
     "InferenceUnavailable",
+    "Lease",
+    "LocalScheduler",
     "OpenAIClient",
     "Passage",
     "Prompt",
+    "QueueFull",
     "ReasoningDelta",
+    "RedisScheduler",
     "RemoteTokenizer",
     "Retry",
+    "Scheduler",
+    "SchedulerUnavailable",
     "TextDelta",
     "ThinkSplitter",
     "Timeouts",

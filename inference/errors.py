@@ -17,10 +17,11 @@ class InferenceError(Exception):
 
 
 class InferenceUnavailable(InferenceError):
-    """The tier refused or could not be reached (connection error, 429/5xx)."""
+    """The tier refused or could not be reached (connection error, 429/5xx): a bad
+    gateway, 502, as API.md binds it (503 is for this service's own overload)."""
 
     code = "inference_unavailable"
-    status = 503
+    status = 502
 
 
 class InferenceTimeout(InferenceError):
@@ -49,3 +50,20 @@ class TokenizerUnavailable(InferenceError):
 
     code = "tokenizer_unavailable"
     status = 500
+
+
+class QueueFull(InferenceError):
+    """No slot to the tier came free within the caller's wait: this service's own overload,
+    so 503, with ``retry_after`` estimated from the measured service rate."""
+
+    code = "queue_full"
+    status = 503
+
+
+class SchedulerUnavailable(InferenceError):
+    """The store that bounds concurrency (Redis) cannot be reached. The app fails closed:
+    it sends nothing it cannot count, and answers 503. The code is shared with the other
+    Redis-backed limits, which fail the same way for the same reason."""
+
+    code = "rate_limiter_unavailable"
+    status = 503

@@ -42,7 +42,9 @@ def _limiter_keys(settings: Any) -> None:
     """Each test's token buckets and stream slots under their own Redis key prefix."""
     import uuid
 
-    settings.RATE_LIMIT_KEY_PREFIX = f"ragtier:test:{uuid.uuid4().hex[:12]}:"
+    prefix = f"ragtier:test:{uuid.uuid4().hex[:12]}:"
+    settings.RATE_LIMIT_KEY_PREFIX = prefix
+    settings.INFERENCE_QUEUE_KEY_PREFIX = f"{prefix}queue:"
 
 
 def reachable_redis_url() -> str:
@@ -219,3 +221,93 @@ def demo_corpus(team: Team) -> dict[int, str]:
         stderr=StringIO(),
     )
     return dict(Document.objects.filter(team=team).values_list("pk", "filename"))
+
+
+def database_url() -> str:
+    """This test's database, as other processes must reach it."""
+    from django.db import connection
+
+    db = connection.settings_dict
+    if db["ENGINE"].endswith("sqlite3"):
+        return f"sqlite:///{db['NAME']}"
+    password = f":{db['PASSWORD']}" if db["PASSWORD"] else ""
+    return f"postgres://{db['USER']}{password}@{db['HOST']}:{db['PORT'] or 5432}/{db['NAME']}"
+
+
+@pytest.fixture
+def asgi_workers(upstream: Any, tmp_path: Path) -> Iterator[Callable[..., list[str]]]:
+    """Start ``count`` uvicorn processes serving the app against the fake tier, with
+    ``**env`` on top of this test's settings; each answers /healthz before it returns."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    from config.env import BASE_DIR
+
+    processes: list[subprocess.Popen[bytes]] = []
+    logs: list[Path] = []
+
+    def start(*, count: int = 2, **extra: str) -> list[str]:
+        env = {
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": "config.settings.test",
+            "DATABASE_URL": database_url(),
+            "RAGTIER_TEST_DATA_DIR": str(tmp_path),
+            "INFERENCE_BASE_URL": upstream.base_url,
+            "TOKENIZER_BACKEND": "inference.tokenizers.FakeTokenizer",
+            "EMBEDDER_BACKEND": "retrieval.embedders.FakeEmbedder",
+            # A fixed context window: no call to the tier's /models.
+            "MODEL_SMALL_CONTEXT_WINDOW": "8192",
+            **extra,
+        }
+        urls: list[str] = []
+        for _ in range(count):
+            port = free_port()
+            log = tmp_path / f"worker-{len(logs)}.log"
+            logs.append(log)
+            with log.open("wb") as out:
+                processes.append(
+                    subprocess.Popen(
+                        [
+                            sys.executable,
+                            "-m",
+                            "uvicorn",
+                            "config.asgi:application",
+                            "--port",
+                            str(port),
+                            "--log-level",
+                            "warning",
+                        ],
+                        cwd=BASE_DIR,
+                        env=env,
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                    )
+                )
+            urls.append(f"http://127.0.0.1:{port}")
+        for process, url, log in zip(processes[-count:], urls, logs[-count:], strict=True):
+            deadline = time.monotonic() + 60
+            while True:
+                if process.poll() is not None:
+                    pytest.fail(f"a worker exited at start-up:\n{log.read_text()}")
+                try:
+                    if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline:
+                    pytest.fail(f"a worker did not answer /healthz in 60 s:\n{log.read_text()}")
+                time.sleep(0.2)
+        return urls
+
+    try:
+        yield start
+    finally:
+        for process in processes:
+            stop_process(process)
+        for log in logs:
+            if log.exists() and log.read_text().strip():
+                print(f"--- {log.name}\n{log.read_text()}")

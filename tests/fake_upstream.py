@@ -34,6 +34,7 @@ class Script:
     usage_override: dict[str, Any] | None = None
     fail_status: int | None = None
     fail_times: int = 1
+    fail_code: str | int | None = None
     retry_after: str | None = None
     drop_after: int | None = None
     stall_after: int | None = None
@@ -50,6 +51,9 @@ class FakeUpstream:
     requests: list[dict[str, Any]] = field(default_factory=list)
     disconnected_at: list[float] = field(default_factory=list)
     finished_at: list[float] = field(default_factory=list)
+    active: int = 0
+    peak: int = 0
+    """Streams open at once now, and the most ever (the app's queue bounds it)."""
     base_url: str = ""
     _failures: int = 0
 
@@ -74,8 +78,12 @@ class FakeUpstream:
         if script.fail_status and self._failures < script.fail_times:
             self._failures += 1
             headers = {"retry-after": script.retry_after} if script.retry_after else {}
+            error: dict[str, Any] = {"message": "busy", "type": "server_error"}
+            if script.fail_code is not None:
+                error = {"message": "refused", "type": "invalid_request_error"}
+                error["code"] = script.fail_code
             return JSONResponse(
-                {"error": {"message": "busy", "type": "server_error"}},
+                {"error": error},
                 status_code=script.fail_status,
                 headers=headers,
             )
@@ -101,6 +109,8 @@ class FakeUpstream:
             "total_tokens": script.prompt_tokens + len(tokens) + len(script.reasoning),
             "completion_tokens_details": {"reasoning_tokens": len(script.reasoning)},
         }
+        self.active += 1
+        self.peak = max(self.peak, self.active)
         try:
             yield chunk({"role": "assistant", "content": ""})
             for text in script.reasoning:
@@ -131,6 +141,8 @@ class FakeUpstream:
         except asyncio.CancelledError:
             self.disconnected_at.append(time.monotonic())
             raise
+        finally:
+            self.active -= 1
 
 
 class ServerThread:

@@ -9,6 +9,11 @@ class Team(models.Model):
 
     name = models.CharField(max_length=100, unique=True)
     time_zone = models.CharField(max_length=64, default="UTC")
+    queue_weight = models.PositiveSmallIntegerField(
+        default=1,
+        help_text="share of the inference tier while requests queue: a team of weight 2 "
+        "is served two requests for every one of a team of weight 1",
+    )
     members = models.ManyToManyField(
         settings.AUTH_USER_MODEL, through="Membership", related_name="teams"
     )

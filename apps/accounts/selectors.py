@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import functools
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 
 from apps.accounts.models import ApiKey, Membership, Scope, Team
@@ -24,6 +30,67 @@ class Caller:
 
 def api_key_get_by_prefix(*, prefix: str) -> ApiKey | None:
     return ApiKey.objects.select_related("team", "user").filter(prefix=prefix).first()
+
+
+class ApiKeyCache:
+    """API keys by prefix, as loaded from the database in the last few seconds.
+
+    Authentication reads keys through it so that steady traffic makes no query per
+    request. Entries are whole rows with their team and user loaded, revoked ones included,
+    so the caller checks revocation on every request; a change made elsewhere (revocation
+    in another process, deletion, new scopes, the team's settings) is seen once the
+    entry is ``API_KEY_CACHE_SECONDS`` old (5 by default; 0 turns the cache off).
+    ``api_key_revoke`` forgets the key in its own process at once.
+
+    Unknown prefixes are never stored, so made-up keys cannot fill it; it holds at most
+    ``max_entries`` keys and drops the least recently used. The secret is not kept: its
+    hash is one SHA-256, as cheap as any digest a cache of checks would need.
+    """
+
+    def __init__(
+        self, *, max_entries: int = 10_000, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.max_entries = max_entries
+        self.clock = clock
+        self._entries: OrderedDict[str, tuple[float, ApiKey]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, *, prefix: str) -> ApiKey | None:
+        ttl: float = settings.API_KEY_CACHE_SECONDS
+        now = self.clock()
+        with self._lock:
+            entry = self._entries.get(prefix)
+            if entry is not None and now - entry[0] < ttl:
+                self._entries.move_to_end(prefix)
+                return entry[1]
+        # The query runs outside the lock: two threads may both load; the last one stays.
+        api_key = api_key_get_by_prefix(prefix=prefix)
+        with self._lock:
+            if api_key is None or ttl <= 0:
+                self._entries.pop(prefix, None)
+                return api_key
+            self._entries[prefix] = (now, api_key)
+            self._entries.move_to_end(prefix)
+            while len(self._entries) > self.max_entries:
+                self._entries.popitem(last=False)
+        return api_key
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def forget(self, *, prefix: str) -> None:
+        with self._lock:
+            self._entries.pop(prefix, None)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+
+@functools.cache
+def api_key_cache() -> ApiKeyCache:
+    """This process's cache of API keys (see ``ApiKeyCache``)."""
+    return ApiKeyCache()
 
 
 def caller_for(

@@ -6,13 +6,14 @@ import hashlib
 import hmac
 import secrets
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 from django.utils import timezone
 
 from apps.accounts.models import ApiKey, Membership, Scope, Team
+from apps.accounts.selectors import api_key_cache
 from apps.core.exceptions import InvalidRequest
 
 KEY_NAMESPACE = "rt"
@@ -91,15 +92,21 @@ def api_key_create(
 
 
 def api_key_revoke(*, api_key: ApiKey) -> ApiKey:
+    """Revoke the key: at once in this process, in others once their cached copy expires."""
     if api_key.revoked_at is None:
         api_key.revoked_at = timezone.now()
         api_key.save(update_fields=["revoked_at"])
+    api_key_cache().forget(prefix=api_key.prefix)
     return api_key
 
 
-def api_key_touch(*, api_key: ApiKey) -> None:
-    """Record use, at most once a minute per key: not a database write per request."""
-    now = timezone.now()
+def api_key_touch(*, api_key: ApiKey, now: datetime | None = None) -> None:
+    """Record use, at most once a minute per key: not a database write per request.
+
+    ``api_key`` is usually the cached instance that every request shares, so the time
+    written here is what the next request compares with.
+    """
+    now = now or timezone.now()
     if api_key.last_used_at is None or now - api_key.last_used_at >= LAST_USED_RESOLUTION:
         ApiKey.objects.filter(pk=api_key.pk).update(last_used_at=now)
         api_key.last_used_at = now

@@ -6,7 +6,6 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
-from asgiref.sync import async_to_sync
 from django.conf import settings
 from django.http import HttpResponseBase
 from drf_spectacular.utils import OpenApiResponse, extend_schema
@@ -20,19 +19,19 @@ from apps.accounts.permissions import get_caller
 from apps.chat import selectors, services
 from apps.chat.events import event_store
 from apps.chat.models import Conversation, Message
-from apps.chat.services.answers import AnswerEvent
+from apps.chat.services.types import Done
 from apps.chat.sse import (
+    PING,
     PING_SECONDS,
     EventStreamRenderer,
     event_stream_response,
-    frame,
-    with_pings,
+    frame_stored,
 )
-from apps.core.exceptions import error_response
+from apps.chat.wire import NativeWire, answer_respond
+from apps.core.aio import AsyncApiView, db_call
 from apps.core.pagination import Pagination
 from apps.core.validation import validated
 
-UPSTREAM_STATUS = {"inference_timeout": 504, "queue_full": 503}
 REPLAY_POLL_SECONDS = 0.2
 
 
@@ -143,7 +142,7 @@ class AnswerOutput(serializers.Serializer[services.CollectedAnswer]):
     finish_reason = serializers.CharField()
 
 
-class ConversationMessageCreateApi(APIView):
+class ConversationMessageCreateApi(AsyncApiView):
     required_scopes = {"POST": "chat"}
     renderer_classes = [JSONRenderer, EventStreamRenderer]
 
@@ -178,40 +177,43 @@ class ConversationMessageCreateApi(APIView):
                 "Retry-After and x-ratelimit-{limit,remaining,reset}-tokens "
                 "(-streams for concurrency); nothing embedded or generated"
             ),
+            502: OpenApiResponse(description="inference_unavailable: the tier failed"),
             503: OpenApiResponse(
-                description="rate_limiter_unavailable (Redis down, failing closed) with Retry-After"
+                description="queue_full (no slot at the inference tier within "
+                "INFERENCE_QUEUE_TIMEOUT; nothing billed) or rate_limiter_unavailable (Redis "
+                "down, failing closed), with Retry-After"
             ),
+            504: OpenApiResponse(description="inference_timeout: no token in time"),
         },
     )
-    def post(self, request: Request, conversation_id: int) -> HttpResponseBase:
+    async def post(self, request: Request, conversation_id: int) -> HttpResponseBase:
         """Ask a question in a conversation.
 
         With ``Accept: text/event-stream`` (or ``"stream": true``) the answer streams as
         Server-Sent Events; otherwise the answer is returned whole, with status 201.
-        Everything that can fail (validation, retrieval, context length) fails before the
-        first byte; later failures arrive in-band as an ``error`` event, then ``done``.
+        Everything that can fail (validation, limits, retrieval, context length, a full
+        queue at the tier) fails before the first byte; later failures arrive in-band as
+        an ``error`` event, then ``done``.
         """
         caller = get_caller(request)
-        conversation = selectors.conversation_get(team=caller.team, conversation_id=conversation_id)
         data = validated(self.InputSerializer, request)
-        prepared = services.answer_prepare(
+        spec = await services.model_resolve(alias=data.get("model"))
+        conversation = await db_call(selectors.conversation_get)(
+            team=caller.team, conversation_id=conversation_id
+        )
+        prepared = await db_call(services.answer_prepare)(
             caller=caller,
             conversation=conversation,
             content=data["content"],
+            spec=spec,
             collection_ids=data.get("collections"),
-            model=data.get("model"),
             max_tokens=data.get("max_tokens"),
             top_k=data["top_k"],
             rag=data["top_k"] > 0,
             want_reasoning=data["reasoning"],
         )
-        if data["stream"] or "text/event-stream" in request.headers.get("Accept", ""):
-            return event_stream_response(with_pings(services.answer_events(prepared)))
-        answer = async_to_sync(services.answer_collect)(prepared)
-        if answer.error is not None and not answer.content:
-            code = answer.error["code"]
-            return error_response(UPSTREAM_STATUS.get(code, 502), **answer.error)
-        return Response(AnswerOutput(answer).data, status=status.HTTP_201_CREATED)
+        stream = data["stream"] or "text/event-stream" in request.headers.get("Accept", "")
+        return await answer_respond(prepared, wire=NativeWire(), stream=stream)
 
 
 class MessageEventsApi(APIView):
@@ -237,21 +239,20 @@ async def _replay(message_id: int, after: int) -> AsyncIterator[bytes]:
             events = await store.after(message_id, after)
             for seq, name, data in events:
                 after = seq
-                yield frame(AnswerEvent(seq, name, data))
-                if name == "done":
+                yield frame_stored(seq, name, data)
+                if name == Done.name:
                     return
             if events:
                 quiet = 0.0
                 continue
-            if not await Message.objects.filter(
-                pk=message_id, status=Message.Status.STREAMING
-            ).aexists() and not await store.after(message_id, after):
+            streaming = await db_call(selectors.message_is_streaming)(message_id=message_id)
+            if not streaming and not await store.after(message_id, after):
                 return  # finished (or abandoned) and nothing more to send
             await asyncio.sleep(REPLAY_POLL_SECONDS)
             quiet += REPLAY_POLL_SECONDS
             if quiet >= PING_SECONDS:
                 quiet = 0.0
-                yield b": ping\r\n\r\n"
+                yield PING
     finally:
         await store.aclose()
 
@@ -284,6 +285,6 @@ class TokenizeApi(APIView):
     def post(self, request: Request) -> Response:
         """Count ``text`` with the served model's own tokenizer."""
         data = validated(self.InputSerializer, request)
-        spec = services.model_resolve(alias=data.get("model"))
+        alias, _ = services.model_alias_resolve(alias=data.get("model"))
         tokens = services.tokenizer().count(data["text"]) if data["text"] else 0
-        return Response(self.OutputSerializer({"model": spec.alias, "tokens": tokens}).data)
+        return Response(self.OutputSerializer({"model": alias, "tokens": tokens}).data)

@@ -9,6 +9,7 @@ from typing import Any, Protocol
 from django.conf import settings
 
 from apps.chat.models import MessageEvent
+from apps.core.aio import db_call, redis_client
 
 
 class EventStore(Protocol):
@@ -23,14 +24,18 @@ class EventStore(Protocol):
 
 class DatabaseEventStore:
     async def append(self, message_id: int, events: list[tuple[int, str, dict[str, Any]]]) -> None:
-        await MessageEvent.objects.abulk_create(
+        await db_call(MessageEvent.objects.bulk_create)(
             [MessageEvent(message_id=message_id, seq=s, event=e, data=d) for s, e, d in events],
             ignore_conflicts=True,
         )
 
     async def after(self, message_id: int, seq: int) -> list[tuple[int, str, dict[str, Any]]]:
+        return await db_call(self._after)(message_id, seq)
+
+    @staticmethod
+    def _after(message_id: int, seq: int) -> list[tuple[int, str, dict[str, Any]]]:
         rows = MessageEvent.objects.filter(message_id=message_id, seq__gt=seq).order_by("seq")
-        return [(row.seq, row.event, row.data) async for row in rows]
+        return [(row.seq, row.event, row.data) for row in rows]
 
     async def aclose(self) -> None:
         pass
@@ -38,9 +43,7 @@ class DatabaseEventStore:
 
 class RedisEventStore:
     def __init__(self, url: str, ttl: int) -> None:
-        import redis.asyncio
-
-        self._redis = redis.asyncio.Redis.from_url(url)
+        self._redis = redis_client(url)
         self._ttl = ttl
 
     @staticmethod
@@ -60,7 +63,7 @@ class RedisEventStore:
         return [tuple(json.loads(item)) for item in raw]  # type: ignore[misc]
 
     async def aclose(self) -> None:
-        await self._redis.aclose()
+        pass  # the client is shared by every answer of this event loop
 
 
 def event_store() -> EventStore:

@@ -64,6 +64,9 @@ class Message(models.Model):
     ttft_ms = models.PositiveIntegerField(null=True, blank=True)
     duration_ms = models.PositiveIntegerField(null=True, blank=True)
     tokens_per_second = models.FloatField(null=True, blank=True)
+    queue_ms = models.PositiveIntegerField(
+        default=0, help_text="time spent waiting for a slot at the inference tier"
+    )
     usage_source = models.CharField(max_length=16, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 

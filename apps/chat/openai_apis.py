@@ -8,12 +8,8 @@ off or narrow it with the extension field ``rag``); citations ride in an extensi
 
 from __future__ import annotations
 
-import json
-import time
-from collections.abc import AsyncIterator
 from typing import Any
 
-from asgiref.sync import async_to_sync
 from django.conf import settings
 from django.http import HttpResponseBase
 from drf_spectacular.utils import OpenApiResponse, extend_schema
@@ -22,14 +18,13 @@ from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
-from sse_starlette import ServerSentEvent
 
 from apps.accounts.permissions import get_caller
 from apps.chat import services
-from apps.chat.apis import UPSTREAM_STATUS
-from apps.chat.services import AnswerEvent, CollectedAnswer, PreparedAnswer
-from apps.chat.sse import EventStreamRenderer, event_stream_response
-from apps.core.exceptions import InvalidRequest, error_response
+from apps.chat.sse import EventStreamRenderer
+from apps.chat.wire import OpenAIWire, answer_respond
+from apps.core.aio import AsyncApiView, db_call
+from apps.core.exceptions import InvalidRequest
 from apps.core.validation import validated
 from inference import ChatMessage
 
@@ -51,7 +46,7 @@ class StreamOptionsInput(serializers.Serializer[dict[str, Any]]):
     include_usage = serializers.BooleanField(default=False)
 
 
-class ChatCompletionsApi(APIView):
+class ChatCompletionsApi(AsyncApiView):
     required_scopes = {"POST": "chat"}
     renderer_classes = [JSONRenderer, EventStreamRenderer]
 
@@ -69,10 +64,16 @@ class ChatCompletionsApi(APIView):
         responses={
             200: OpenApiResponse(
                 description="chat.completion, or a stream of chat.completion.chunk then [DONE]"
-            )
+            ),
+            502: OpenApiResponse(description="inference_unavailable: the tier failed"),
+            503: OpenApiResponse(
+                description="queue_full (no slot at the inference tier in time; nothing "
+                "billed) or rate_limiter_unavailable, with Retry-After"
+            ),
+            504: OpenApiResponse(description="inference_timeout: no token in time"),
         },
     )
-    def post(self, request: Request) -> HttpResponseBase:
+    async def post(self, request: Request) -> HttpResponseBase:
         """OpenAI's Chat Completions, answered over the caller's collections."""
         data = validated(self.InputSerializer, request)
         messages: list[dict[str, str]] = data["messages"]
@@ -80,13 +81,14 @@ class ChatCompletionsApi(APIView):
             raise InvalidRequest("The last message must be the user's.", param="messages")
         rag = data.get("rag") or {"enabled": True, "top_k": 5}
         caller = get_caller(request)
-        conversation = services.conversation_create(caller=caller, title="openai")
-        prepared = services.answer_prepare(
+        spec = await services.model_resolve(alias=data["model"])
+        conversation = await db_call(services.conversation_create)(caller=caller, title="openai")
+        prepared = await db_call(services.answer_prepare)(
             caller=caller,
             conversation=conversation,
             content=messages[-1]["content"],
+            spec=spec,
             collection_ids=rag.get("collections"),
-            model=data["model"],
             max_tokens=data.get("max_completion_tokens") or data.get("max_tokens"),
             top_k=rag["top_k"],
             rag=rag["enabled"] and rag["top_k"] > 0,
@@ -95,14 +97,9 @@ class ChatCompletionsApi(APIView):
                 m["content"] for m in messages if m["role"] in ("system", "developer")
             ),
         )
-        if data["stream"]:
-            include_usage = (data.get("stream_options") or {}).get("include_usage", False)
-            return event_stream_response(_chunks(prepared, include_usage=include_usage))
-        answer = async_to_sync(services.answer_collect)(prepared)
-        if answer.error is not None and not answer.content:
-            code = answer.error["code"]
-            return error_response(UPSTREAM_STATUS.get(code, 502), **answer.error)
-        return Response(_completion(prepared, answer))
+        include_usage = (data.get("stream_options") or {}).get("include_usage", False)
+        wire = OpenAIWire(include_usage=include_usage)
+        return await answer_respond(prepared, wire=wire, stream=data["stream"])
 
 
 class ModelListApi(APIView):
@@ -124,72 +121,3 @@ class ModelListApi(APIView):
 
 def _chat(message: dict[str, str]) -> ChatMessage:
     return {"role": message["role"], "content": message["content"]}
-
-
-def _usage(usage: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "prompt_tokens": usage["prompt_tokens"],
-        "completion_tokens": usage["completion_tokens"],
-        "total_tokens": usage["total_tokens"],
-        "prompt_tokens_details": {"cached_tokens": usage["cached_tokens"]},
-        "completion_tokens_details": {"reasoning_tokens": usage["reasoning_tokens"]},
-    }
-
-
-def _finish(reason: str) -> str:
-    return reason if reason in ("stop", "length", "content_filter", "tool_calls") else "stop"
-
-
-def _completion(prepared: PreparedAnswer, answer: CollectedAnswer) -> dict[str, Any]:
-    return {
-        "id": f"chatcmpl-{answer.message_id}",
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": prepared.spec.alias,
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": answer.content},
-                "finish_reason": _finish(answer.finish_reason),
-            }
-        ],
-        "usage": _usage(answer.usage),
-        "citations": answer.citations,
-    }
-
-
-async def _chunks(prepared: PreparedAnswer, *, include_usage: bool) -> AsyncIterator[bytes]:
-    base = {
-        "id": f"chatcmpl-{prepared.message.pk}",
-        "object": "chat.completion.chunk",
-        "created": int(time.time()),
-        "model": prepared.spec.alias,
-    }
-
-    def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
-        body = {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}], **extra}
-        return _data(body)
-
-    yield chunk({"role": "assistant", "content": ""})
-    citations: list[dict[str, Any]] = []
-    usage: dict[str, Any] = {}
-    event: AnswerEvent
-    async for event in services.answer_events(prepared):
-        match event.event:
-            case "retrieval":
-                citations = event.data["citations"]
-            case "delta":
-                yield chunk({"content": event.data["text"]})
-            case "error":
-                yield _data({"error": event.data})
-            case "usage":
-                usage = event.data
-            case "done":
-                yield chunk({}, finish=_finish(event.data["finish_reason"]), citations=citations)
-    if include_usage and usage:
-        yield _data({**base, "choices": [], "usage": _usage(usage)})
-    yield ServerSentEvent(data="[DONE]").encode()
-
-
-def _data(body: dict[str, Any]) -> bytes:
-    return ServerSentEvent(data=json.dumps(body, ensure_ascii=False)).encode()

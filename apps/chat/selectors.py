@@ -25,3 +25,7 @@ def message_get(*, team: Team, message_id: int) -> Message:
     if message is None:
         raise NotFound(f"No message {message_id}.")
     return message
+
+
+def message_is_streaming(*, message_id: int) -> bool:
+    return Message.objects.filter(pk=message_id, status=Message.Status.STREAMING).exists()

@@ -18,6 +18,7 @@ from sse_starlette import ServerSentEvent
 from apps.chat.services import AnswerEvent
 
 PING_SECONDS = 15.0
+PING = ServerSentEvent(comment="ping").encode()
 
 
 class EventStreamRenderer(BaseRenderer):
@@ -36,41 +37,86 @@ class EventStreamRenderer(BaseRenderer):
 
 
 def frame(event: AnswerEvent) -> bytes:
+    return frame_stored(event.id, event.name, event.data())
+
+
+def frame_stored(seq: int, name: str, data: dict[str, Any]) -> bytes:
     # Model text only ever travels inside JSON, so no text can forge an event.
     return ServerSentEvent(
-        data=json.dumps(event.data, ensure_ascii=False), event=event.event, id=str(event.id)
+        data=json.dumps(data, ensure_ascii=False), event=name, id=str(seq)
     ).encode()
 
 
+def frame_data(body: Any) -> bytes:
+    """A bare ``data:`` frame (the OpenAI wire): JSON, or ``[DONE]`` as is."""
+    data = body if isinstance(body, str) else json.dumps(body, ensure_ascii=False)
+    return ServerSentEvent(data=data).encode()
+
+
 async def with_pings(
-    events: AsyncIterator[AnswerEvent], every: float = PING_SECONDS
+    frames: AsyncIterator[bytes], every: float = PING_SECONDS, *, backlog: int = 1024
 ) -> AsyncIterator[bytes]:
-    """Frames ``events``, with a ``: ping`` comment whenever none came for ``every`` seconds."""
-    iterator = aiter(events)
-    pending: asyncio.Future[AnswerEvent] | None = None
+    """``frames``, with a ``: ping`` comment whenever none came for ``every`` seconds.
+
+    The frames are produced by a task of their own into a bounded queue, and everything
+    queued by the time the client has taken the last write goes out as one write: no
+    delay when the stream is slow, far fewer writes when tokens come faster than the
+    client reads. When the client leaves, the producer is cancelled (the generation
+    settles its usage) and awaited before this generator closes.
+    """
+    queue: asyncio.Queue[bytes | _End] = asyncio.Queue(maxsize=backlog)
+
+    async def produce() -> None:
+        try:
+            async for chunk in frames:
+                await queue.put(chunk)
+        except Exception as exc:
+            await queue.put(_End(exc))
+            raise
+        await queue.put(_End(None))
+
+    producer = asyncio.create_task(produce())
     try:
         while True:
-            if pending is None:
-                pending = asyncio.ensure_future(anext(iterator))
-            done, _ = await asyncio.wait({pending}, timeout=every)
-            if not done:
-                yield ServerSentEvent(comment="ping").encode()
-                continue
-            try:
-                event = pending.result()
-            except StopAsyncIteration:
+            if queue.empty():
+                try:
+                    async with asyncio.timeout(every):
+                        item = await queue.get()
+                except TimeoutError:
+                    yield PING
+                    continue
+            else:
+                item = queue.get_nowait()
+            batch: list[bytes] = []
+            while isinstance(item, bytes):
+                batch.append(item)
+                if queue.empty():
+                    break
+                item = queue.get_nowait()
+            if batch:
+                yield b"".join(batch)
+            if isinstance(item, _End):
+                if item.error is not None:
+                    raise item.error
                 return
-            pending = None
-            yield frame(event)
     finally:
-        if pending is not None and not pending.done():
-            # The client left: cancel the generation (it settles usage), and wait for it
-            # to finish before closing the generator it runs in.
-            pending.cancel()
-            await asyncio.wait({pending})
-        closer = getattr(iterator, "aclose", None)
+        if not producer.done():
+            producer.cancel()
+        await asyncio.wait({producer})
+        if not producer.cancelled():
+            producer.exception()  # retrieved: any error was raised above, from the queue
+        closer = getattr(frames, "aclose", None)
         if closer is not None:
             await closer()
+
+
+class _End:
+    """The producer is done: ``error`` is what ended it, None when it ran out."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: Exception | None) -> None:
+        self.error = error
 
 
 def event_stream_response(stream: AsyncIterator[bytes]) -> StreamingHttpResponse:

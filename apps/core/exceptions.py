@@ -7,6 +7,7 @@ Every surface (JSON API, SSE in-band errors, OpenAI-compatible) renders errors t
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -75,6 +76,17 @@ class UpstreamError(ApplicationError):
         self.status = status
 
 
+class Overloaded(ApplicationError):
+    """Nothing failed, but the service cannot take this request now: retry later."""
+
+    status, type, code = 503, "overloaded", "queue_full"
+
+
+def retry_after_header(seconds: float | None) -> dict[str, str] | None:
+    """``Retry-After`` in whole seconds, rounded up (never promise too early)."""
+    return {"Retry-After": str(max(1, math.ceil(seconds)))} if seconds else None
+
+
 def error_body(*, type: str, code: str, message: str, param: str | None = None) -> dict[str, Any]:
     return {"error": {"type": type, "code": code, "message": message, "param": param}}
 
@@ -102,11 +114,15 @@ def as_application_error(exc: Exception) -> ApplicationError | None:
             return exc
         case inference.ContextLengthExceeded():
             return InvalidRequest(str(exc), code="context_length_exceeded", param="messages")
-        case inference.InferenceTimeout():
-            return UpstreamError(str(exc), code=exc.code, status=504)
+        case inference.InferenceError() if exc.status == 503:
+            return Overloaded(str(exc), code=exc.code, headers=retry_after_header(exc.retry_after))
         case inference.InferenceError():
-            headers = {"Retry-After": str(round(exc.retry_after))} if exc.retry_after else None
-            return UpstreamError(str(exc), code=exc.code, status=502, headers=headers)
+            return UpstreamError(
+                str(exc),
+                code=exc.code,
+                status=exc.status,
+                headers=retry_after_header(exc.retry_after),
+            )
         case retrieval.DocumentTooLarge():
             return PayloadTooLarge(str(exc), code=exc.code)
         case retrieval.UnsupportedDocument():

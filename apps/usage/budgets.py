@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import math
 import uuid
+from collections.abc import Iterable
 from datetime import date, datetime, time, timedelta
 from zoneinfo import ZoneInfo
 
@@ -66,10 +67,9 @@ def limits_of(*, team: Team, api_key: ApiKey | None) -> QuerySet[Limit]:
     return Limit.objects.filter(Q(team=team, api_key__isnull=True) | Q(api_key=api_key))
 
 
-def max_tokens_cap(*, team: Team, api_key: ApiKey | None) -> int | None:
-    """The tightest ``max_tokens`` cap of the caller's limits; None when there is none."""
-    caps = limits_of(team=team, api_key=api_key).values_list("max_tokens", flat=True)
-    known = [int(cap) for cap in caps if cap is not None]
+def max_tokens_cap(*, limits: Iterable[Limit]) -> int | None:
+    """The tightest ``max_tokens`` cap of a caller's limits; None when there is none."""
+    known = [int(limit.max_tokens) for limit in limits if limit.max_tokens is not None]
     return min(known) if known else None
 
 
@@ -80,14 +80,17 @@ def budget_reserve(
     tokens: int,
     kind: str = UsageRecord.Kind.CHAT,
     now: datetime | None = None,
+    limits: list[Limit] | None = None,
 ) -> Reservation:
     """Hold ``tokens`` against every limit of ``team`` and ``api_key``, or raise 429.
 
     A chat generation draws on token buckets, takes a stream slot and charges the period
     quotas; an embedding job (``kind="embedding"``) charges the period quotas only.
+    ``limits``: the caller's, when already read (see :func:`limits_of`).
     """
     now = now or timezone.now()
-    limits = list(limits_of(team=team, api_key=api_key))
+    if limits is None:
+        limits = list(limits_of(team=team, api_key=api_key))
     buckets: list[Bucket] = []
     slots: list[Slot] = []
     if kind == UsageRecord.Kind.CHAT:

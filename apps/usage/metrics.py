@@ -72,6 +72,25 @@ IN_FLIGHT = Gauge(
     multiprocess_mode="livesum",
 )
 
+QUEUE_DEPTH = Gauge(
+    "ragtier_queue_depth",
+    "Requests waiting for a slot at the inference tier.",
+    multiprocess_mode="livesum",
+)
+SLOTS_IN_USE = Gauge(
+    "ragtier_queue_slots_in_use",
+    "Slots at the inference tier held by this service's requests.",
+    multiprocess_mode="livesum",
+)
+QUEUE_WAIT = Histogram(
+    "ragtier_queue_wait_seconds",
+    "Time a request waited for a slot at the inference tier (granted or not).",
+    buckets=(0.001, 0.005, 0.025, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+)
+QUEUE_FULL = Counter(
+    "ragtier_queue_full", "Requests refused with 503 queue_full: no slot within the wait limit."
+)
+
 
 class ReservationsCollector:
     """Open reservations and the tokens they hold, read from the database at scrape time:

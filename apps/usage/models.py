@@ -44,6 +44,9 @@ class UsageRecord(models.Model):
     ttft_ms = models.PositiveIntegerField(null=True, blank=True)
     duration_ms = models.PositiveIntegerField(null=True, blank=True)
     tokens_per_second = models.FloatField(null=True, blank=True)
+    queue_ms = models.PositiveIntegerField(
+        default=0, help_text="time spent waiting for a slot at the inference tier"
+    )
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.OK)
     error_code = models.CharField(max_length=64, blank=True)
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from decimal import Decimal
-from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
@@ -12,21 +10,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from apps.accounts.models import ApiKey, Team
 from apps.usage import metrics
 from apps.usage.models import UsageRecord
-
-USAGE_COLUMNS = (
-    "prompt_tokens",
-    "cached_tokens",
-    "completion_tokens",
-    "reasoning_tokens",
-    "ttft_ms",
-    "duration_ms",
-    "tokens_per_second",
-)
-
-
-def usage_columns(usage: Mapping[str, Any]) -> dict[str, Any]:
-    """The fields of a usage block that the ledger and a message both store."""
-    return {name: usage[name] for name in USAGE_COLUMNS}
+from apps.usage.values import Usage
 
 
 def cost_of(*, model: str, prompt: int, cached: int, completion: int) -> Decimal:
@@ -76,7 +60,7 @@ def usage_record_chat(
     *,
     team: Team,
     model: str,
-    usage: Mapping[str, Any],
+    usage: Usage,
     status: str,
     object_id: str,
     error_code: str = "",
@@ -93,16 +77,14 @@ def usage_record_chat(
         model=model,
         operation="answer",
         object_id=object_id,
-        **usage_columns(usage),
+        **usage.columns(),
         cost_usd=cost_of(
             model=model,
-            prompt=usage["prompt_tokens"],
-            cached=usage["cached_tokens"],
-            completion=usage["completion_tokens"],
+            prompt=usage.prompt_tokens,
+            cached=usage.cached_tokens,
+            completion=usage.completion_tokens,
         ),
-        energy_wh=energy_of(
-            model=model, tokens=usage["prompt_tokens"] + usage["completion_tokens"]
-        ),
+        energy_wh=energy_of(model=model, tokens=usage.total_tokens),
         status=status,
         error_code=error_code,
     )

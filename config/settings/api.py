@@ -1,5 +1,11 @@
 """Django REST framework and the OpenAPI schema."""
 
+from config.env import env
+
+# API keys are looked up once per process and kept this many seconds: a revocation, scope
+# change or deletion made in another process applies everywhere within it (0: no cache).
+API_KEY_CACHE_SECONDS = env.float("API_KEY_CACHE_SECONDS", default=5.0)
+
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         # First, so that unauthenticated calls answer 401 with WWW-Authenticate: Bearer.

@@ -74,6 +74,10 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
 else:
     DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("DATABASE_CONN_MAX_AGE", default=0))
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+# Async views (the answer streams) run their database work on one shared pool of this
+# many threads: each keeps one connection, so this bounds a web process's connections
+# from open streams however many there are (apps.core.aio).
+DATABASE_THREADS = env.int("DATABASE_THREADS", default=8)
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},

@@ -29,6 +29,19 @@ INFERENCE_TIMEOUTS = {
 }
 INFERENCE_RETRY_ATTEMPTS = env.int("INFERENCE_RETRY_ATTEMPTS", default=3)
 
+# The fair queue in front of the tier. MAX_CONCURRENCY: how many requests the tier serves
+# at once (llama.cpp's server: 1; vLLM: its max_num_seqs); the app never sends more,
+# across all its web processes when the slots live in Redis (leases a crashed process
+# loses after LEASE_SECONDS), else within this one process. Waiting requests are served
+# round-robin over teams (Team.queue_weight); past QUEUE_TIMEOUT seconds: 503 queue_full.
+INFERENCE_MAX_CONCURRENCY = env.int("INFERENCE_MAX_CONCURRENCY", default=1)
+INFERENCE_QUEUE_TIMEOUT = env.float("INFERENCE_QUEUE_TIMEOUT", default=30.0)
+INFERENCE_QUEUE_REDIS_URL = env.str(
+    "INFERENCE_QUEUE_REDIS_URL", default=env.str("REDIS_URL", default="")
+)
+INFERENCE_QUEUE_LEASE_SECONDS = env.float("INFERENCE_QUEUE_LEASE_SECONDS", default=30.0)
+INFERENCE_QUEUE_KEY_PREFIX = env.str("INFERENCE_QUEUE_KEY_PREFIX", default="ragtier:queue:")
+
 TOKENIZER_BACKEND = env.str("TOKENIZER_BACKEND", default="inference.tokenizers.GGUFTokenizer")
 TOKENIZER_OPTIONS: dict[str, object] = {"path": INFERENCE_GGUF or None}
 

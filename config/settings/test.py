@@ -19,6 +19,9 @@ CELERY_TASK_ALWAYS_EAGER = env.bool("CELERY_TASK_ALWAYS_EAGER", default=True)
 CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default="memory://")
 CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {}
 
+# The fake tier serves any number of streams at once; queue tests set their own limit.
+INFERENCE_MAX_CONCURRENCY = env.int("INFERENCE_MAX_CONCURRENCY", default=64)
+
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":

@@ -1,6 +1,10 @@
-"""Writes for the chat app, one module per concern, re-exported here."""
+"""Writes for the chat app, one module per concern, re-exported here.
 
-from apps.chat.services.answers import AnswerEvent, PreparedAnswer, answer_events, answer_prepare
+An answer is prepared (:mod:`.prepare`: admission, retrieval, the prompt), run
+(:mod:`.run`: a slot at the tier, the stream of typed events from :mod:`.types`, settled
+once) and, for the non-streaming surfaces, collected (:mod:`.collect`).
+"""
+
 from apps.chat.services.collect import CollectedAnswer, answer_collect
 from apps.chat.services.conversations import (
     conversation_create,
@@ -10,23 +14,30 @@ from apps.chat.services.conversations import (
 from apps.chat.services.models import (
     ModelSpec,
     inference_client,
+    model_alias_resolve,
     model_aliases,
     model_resolve,
     tokenizer,
 )
+from apps.chat.services.prepare import PreparedAnswer, answer_prepare
+from apps.chat.services.run import AnswerRun, answer_events, answer_start
+from apps.chat.services.types import AnswerEvent
 
 __all__ = [
     "AnswerEvent",
+    "AnswerRun",
     "CollectedAnswer",
     "ModelSpec",
     "PreparedAnswer",
     "answer_collect",
     "answer_events",
     "answer_prepare",
+    "answer_start",
     "conversation_create",
     "conversation_delete",
     "inference_client",
     "message_cancel",
+    "model_alias_resolve",
     "model_aliases",
     "model_resolve",
     "tokenizer",

@@ -2,41 +2,55 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from apps.chat.services.answers import PreparedAnswer, answer_events
+from apps.chat.services.types import (
+    AnswerEvent,
+    Delta,
+    Done,
+    Failed,
+    Reasoning,
+    Retrieved,
+    Started,
+    UsageReport,
+)
+from apps.core.exceptions import ApplicationError
+from apps.usage.values import Usage
 
 
 @dataclass
 class CollectedAnswer:
-    message_id: int
+    message_id: int = 0
     content: str = ""
     reasoning: str = ""
     citations: list[dict[str, Any]] = field(default_factory=list)
-    usage: dict[str, Any] = field(default_factory=dict)
+    usage: Usage | None = None
     finish_reason: str = "stop"
-    error: dict[str, Any] | None = None
-    """Set when the generation failed; with no content, the surface answers an error."""
+    error: ApplicationError | None = None
+    """Set when the generation failed; with no content, the surface answers the error."""
 
 
-async def answer_collect(prepared: PreparedAnswer) -> CollectedAnswer:
-    answer = CollectedAnswer(message_id=prepared.message.pk)
+async def answer_collect(events: AsyncIterator[AnswerEvent]) -> CollectedAnswer:
+    answer = CollectedAnswer()
     parts: list[str] = []
     thoughts: list[str] = []
-    async for event in answer_events(prepared):
-        match event.event:
-            case "retrieval":
-                answer.citations = event.data["citations"]
-            case "delta":
-                parts.append(event.data["text"])
-            case "reasoning":
-                thoughts.append(event.data["text"])
-            case "usage":
-                answer.usage = event.data
-            case "error":
-                answer.error = event.data
-            case "done":
-                answer.finish_reason = event.data["finish_reason"]
+    async for event in events:
+        match event:
+            case Started(message_id=message_id):
+                answer.message_id = message_id
+            case Retrieved(citations=citations):
+                answer.citations = citations
+            case Delta(text=text):
+                parts.append(text)
+            case Reasoning(text=text):
+                thoughts.append(text)
+            case UsageReport(usage=usage):
+                answer.usage = usage
+            case Failed(error=error):
+                answer.error = error
+            case Done(finish_reason=reason):
+                answer.finish_reason = reason
     answer.content, answer.reasoning = "".join(parts), "".join(thoughts)
     return answer

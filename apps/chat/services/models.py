@@ -1,15 +1,31 @@
-"""Model aliases (``small``, ``large``, ``auto``) → what the tier serves, and its limits."""
+"""Model aliases (``small``, ``large``, ``auto``) → what the tier serves, its limits, and
+the fair queue in front of it."""
 
 from __future__ import annotations
 
-import functools
+import time
 from dataclasses import dataclass
+from typing import Any
 
-import httpx
 from django.conf import settings
 
+from apps.accounts.models import Team
+from apps.core.aio import loop_cached, redis_client
 from apps.core.exceptions import InvalidRequest, NotFound, UpstreamError
-from inference import OpenAIClient, Retry, Timeouts, Tokenizer, load_tokenizer
+from apps.usage import metrics
+from inference import (
+    InferenceError,
+    Lease,
+    LocalScheduler,
+    OpenAIClient,
+    QueueFull,
+    RedisScheduler,
+    Retry,
+    Scheduler,
+    Timeouts,
+    Tokenizer,
+    load_tokenizer,
+)
 
 
 @dataclass(frozen=True)
@@ -24,8 +40,8 @@ def model_aliases() -> list[str]:
     return [*settings.MODEL_ALIASES, "auto"]
 
 
-def model_resolve(*, alias: str | None) -> ModelSpec:
-    """The model an alias names; ``auto`` (and no alias) is the default one."""
+def model_alias_resolve(*, alias: str | None) -> tuple[str, dict[str, Any]]:
+    """The alias a request names (``auto`` and none: the default one) and its settings."""
     name = settings.DEFAULT_MODEL_ALIAS if alias in (None, "", "auto") else alias
     config = settings.MODEL_ALIASES.get(name)
     if config is None:
@@ -34,35 +50,46 @@ def model_resolve(*, alias: str | None) -> ModelSpec:
             code="model_not_found",
             param="model",
         )
+    return str(alias or name), config
+
+
+async def model_resolve(*, alias: str | None) -> ModelSpec:
+    """The model an alias names, with its context window (read from the tier, once per
+    process, when the settings leave it out)."""
+    name, config = model_alias_resolve(alias=alias)
     served_name = str(config["served_name"])
     window = config.get("context_window")
     return ModelSpec(
-        alias=str(alias or name),
+        alias=name,
         served_name=served_name,
-        context_window=int(window) if window else tier_context_window(served_name=served_name),
+        context_window=int(window) if window else await tier_context_window(served_name),
         max_output_tokens=int(config["max_output_tokens"]),
     )
 
 
-def tier_context_window(*, served_name: str) -> int:
+_windows: dict[tuple[str, str], int] = {}
+
+
+async def tier_context_window(served_name: str) -> int:
     """The context window the tier reports for ``served_name`` (vLLM's ``max_model_len``)."""
-    return _tier_context_window(settings.INFERENCE_BASE_URL, served_name)
-
-
-@functools.cache
-def _tier_context_window(base_url: str, served_name: str) -> int:
-    try:
-        response = httpx.get(f"{base_url.rstrip('/')}/models", timeout=5.0)
-        response.raise_for_status()
-        models = response.json().get("data", [])
-    except (httpx.HTTPError, ValueError) as exc:
-        raise UpstreamError(f"cannot read the context window from the tier: {exc!r}") from exc
-    for model in models:
-        if model.get("id") == served_name and model.get("max_model_len"):
-            return int(model["max_model_len"])
-    raise UpstreamError(
-        f"the tier reports no max_model_len for {served_name!r}; set its context window"
-    )
+    key = (settings.INFERENCE_BASE_URL, served_name)
+    if key not in _windows:
+        client = inference_client()
+        try:
+            models = await client.models()
+        except InferenceError as exc:
+            raise UpstreamError(f"cannot read the context window from the tier: {exc}") from exc
+        finally:
+            await client.aclose()
+        for model in models:
+            if model.get("id") == served_name and model.get("max_model_len"):
+                _windows[key] = int(model["max_model_len"])
+                break
+        else:
+            raise UpstreamError(
+                f"the tier reports no max_model_len for {served_name!r}; set its context window"
+            )
+    return _windows[key]
 
 
 def output_tokens_resolve(
@@ -96,3 +123,68 @@ def inference_client() -> OpenAIClient:
         timeouts=Timeouts(**settings.INFERENCE_TIMEOUTS),
         retry=Retry(attempts=settings.INFERENCE_RETRY_ATTEMPTS),
     )
+
+
+def scheduler() -> Scheduler:
+    """The queue in front of the tier: slots leased in Redis when it is configured (shared
+    by every web process), else in this process. One per event loop and configuration."""
+    return _scheduler(
+        settings.INFERENCE_QUEUE_REDIS_URL,
+        settings.INFERENCE_BASE_URL,
+        capacity=settings.INFERENCE_MAX_CONCURRENCY,
+        lease_seconds=settings.INFERENCE_QUEUE_LEASE_SECONDS,
+        key_prefix=settings.INFERENCE_QUEUE_KEY_PREFIX,
+    )
+
+
+@loop_cached
+def _scheduler(
+    redis_url: str, name: str, *, capacity: int, lease_seconds: float, key_prefix: str
+) -> Scheduler:
+    if not redis_url:
+        return LocalScheduler(capacity=capacity)
+    return RedisScheduler(
+        redis=redis_client(redis_url),
+        name=name,
+        capacity=capacity,
+        lease_seconds=lease_seconds,
+        key_prefix=key_prefix,
+    )
+
+
+async def slot_acquire(*, team: Team) -> Lease:
+    """A slot at the tier for one of ``team``'s requests, served fairly across teams;
+    ``QueueFull`` (503 with ``Retry-After``) past ``INFERENCE_QUEUE_TIMEOUT``."""
+    queue = scheduler()
+    started = time.monotonic()
+    metrics.QUEUE_DEPTH.inc()
+    try:
+        lease = await queue.acquire(
+            team=str(team.pk),
+            weight=max(1, team.queue_weight),
+            timeout=settings.INFERENCE_QUEUE_TIMEOUT,
+        )
+    except QueueFull:
+        metrics.QUEUE_FULL.inc()
+        raise
+    finally:
+        metrics.QUEUE_DEPTH.dec()
+        metrics.QUEUE_WAIT.observe(time.monotonic() - started)
+    return _Counted(lease)
+
+
+class _Counted:
+    """A lease that keeps the slots-in-use gauge: up when granted, down once released."""
+
+    def __init__(self, lease: Lease) -> None:
+        self._lease = lease
+        self.team = lease.team
+        self.waited = lease.waited
+        self._released = False
+        metrics.SLOTS_IN_USE.inc()
+
+    async def release(self) -> None:
+        if not self._released:
+            self._released = True
+            metrics.SLOTS_IN_USE.dec()
+        await self._lease.release()

@@ -398,7 +398,7 @@ def test_tokenize_counts_with_the_served_tokenizer(
 
 def test_history_is_the_recent_turns_starting_with_a_question(team: Any) -> None:
     from apps.chat.models import Conversation
-    from apps.chat.services.answers import HISTORY_MESSAGES, history_of
+    from apps.chat.services.prepare import HISTORY_MESSAGES, history_of
 
     conversation = Conversation.objects.create(team=team)
     for i in range(HISTORY_MESSAGES):  # 80 messages, one abandoned answer among them

@@ -9,19 +9,13 @@ the tier, and once the streams end nothing is held and the day's counter is the 
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import threading
-import time
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import httpx
 import pytest
 from django.conf import settings
-from django.db import connection
 from django.db.models import Sum
 from django.utils import timezone
 
@@ -29,87 +23,22 @@ from apps.accounts.models import Team
 from apps.accounts.services import IssuedKey
 from apps.usage.limiters import buckets_and_slots, limiter
 from apps.usage.models import Limit, QuotaCounter, Reservation, UsageRecord
-from config.env import BASE_DIR
 from tests.apps.chat.conftest import parse_sse
-from tests.conftest import free_port, stop_process
 
 DAILY = 10_000
 MAX_TOKENS = 1000
 REQUESTS_PER_WORKER = 16
 
 
-def database_url() -> str:
-    """This test's database, as the worker processes must reach it."""
-    db = connection.settings_dict
-    if db["ENGINE"].endswith("sqlite3"):
-        return f"sqlite:///{db['NAME']}"
-    password = f":{db['PASSWORD']}" if db["PASSWORD"] else ""
-    return f"postgres://{db['USER']}{password}@{db['HOST']}:{db['PORT'] or 5432}/{db['NAME']}"
-
-
 @pytest.fixture
-def workers(upstream: Any, tmp_path: Path) -> Iterator[list[str]]:
-    """Two uvicorn processes serving the app, both started and answering /healthz."""
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "config.settings.test",
-        "DATABASE_URL": database_url(),
-        "RAGTIER_TEST_DATA_DIR": str(tmp_path),
-        "INFERENCE_BASE_URL": upstream.base_url,
-        "TOKENIZER_BACKEND": "inference.tokenizers.FakeTokenizer",
-        "EMBEDDER_BACKEND": "retrieval.embedders.FakeEmbedder",
-        "RATE_LIMIT_REDIS_URL": settings.RATE_LIMIT_REDIS_URL,
-        "RATE_LIMIT_KEY_PREFIX": settings.RATE_LIMIT_KEY_PREFIX,
-        # A fixed context window (no call to the tier's /models) and room for 1000 tokens.
-        "MODEL_SMALL_CONTEXT_WINDOW": "8192",
-        "MODEL_SMALL_MAX_OUTPUT_TOKENS": str(MAX_TOKENS),
-    }
-    processes: list[subprocess.Popen[bytes]] = []
-    logs = [tmp_path / f"worker-{n}.log" for n in range(2)]
-    urls: list[str] = []
-    try:
-        for log in logs:
-            port = free_port()
-            with log.open("wb") as out:
-                processes.append(
-                    subprocess.Popen(
-                        [
-                            sys.executable,
-                            "-m",
-                            "uvicorn",
-                            "config.asgi:application",
-                            "--port",
-                            str(port),
-                            "--log-level",
-                            "warning",
-                        ],
-                        cwd=BASE_DIR,
-                        env=env,
-                        stdout=out,
-                        stderr=subprocess.STDOUT,
-                    )
-                )
-            urls.append(f"http://127.0.0.1:{port}")
-        for process, url, log in zip(processes, urls, logs, strict=True):
-            deadline = time.monotonic() + 60
-            while True:
-                if process.poll() is not None:
-                    pytest.fail(f"a worker exited at start-up:\n{log.read_text()}")
-                try:
-                    if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline:
-                    pytest.fail(f"a worker did not answer /healthz in 60 s:\n{log.read_text()}")
-                time.sleep(0.2)
-        yield urls
-    finally:
-        for process in processes:
-            stop_process(process)
-        for log in logs:
-            if log.exists() and log.read_text().strip():
-                print(f"--- {log.name}\n{log.read_text()}")
+def workers(asgi_workers: Callable[..., list[str]]) -> list[str]:
+    return asgi_workers(
+        count=2,
+        RATE_LIMIT_REDIS_URL=settings.RATE_LIMIT_REDIS_URL,
+        RATE_LIMIT_KEY_PREFIX=settings.RATE_LIMIT_KEY_PREFIX,
+        # Room for 1000 output tokens.
+        MODEL_SMALL_MAX_OUTPUT_TOKENS=str(MAX_TOKENS),
+    )
 
 
 @pytest.mark.django_db(transaction=True)

@@ -250,7 +250,7 @@ def test_refused_answer_is_a_429_that_embeds_and_calls_nothing(
     assert not QuotaCounter.objects.filter(used__gt=0).exists()
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)  # the answer view reads on its own thread pool
 def test_max_tokens_cap_of_a_limit(
     upstream: Any, team: Team, issued_key: IssuedKey, api: Any
 ) -> None:

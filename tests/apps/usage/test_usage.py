@@ -10,19 +10,20 @@ from apps.accounts.models import Team
 from apps.accounts.services import IssuedKey
 from apps.usage.models import UsageRecord
 from apps.usage.services import cost_of, usage_record_chat, usage_record_embedding
+from apps.usage.values import Usage
 from tests.apps.accounts.test_auth import error_of
 
 pytestmark = pytest.mark.django_db
 
-SEED = {  # DESIGN.md's seed 002: 75 in, 1,186 out of which 1,024 reasoning
-    "prompt_tokens": 75,
-    "cached_tokens": 0,
-    "completion_tokens": 1186,
-    "reasoning_tokens": 1024,
-    "ttft_ms": 120,
-    "duration_ms": 9000,
-    "tokens_per_second": 132.0,
-}
+SEED = Usage(  # DESIGN.md's seed 002: 75 in, 1,186 out of which 1,024 reasoning
+    prompt_tokens=75,
+    cached_tokens=0,
+    completion_tokens=1186,
+    reasoning_tokens=1024,
+    ttft_ms=120,
+    duration_ms=9000,
+    tokens_per_second=132.0,
+)
 
 
 def test_cost_prices_uncached_cached_and_output_tokens_apart(settings: Any) -> None:

@@ -1,0 +1,178 @@
+"""Everything an answer needs before the tier is called, and that can refuse it.
+
+Validation of ``max_tokens``, the history read, prompt assembly counted with the served
+model's tokenizer (``context_length_exceeded`` here, the model never called), admission
+(one reservation held against every token limit, 429 here) and retrieval. Nothing is
+written but the reservation: the message rows are written while the tier prefills.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from apps.accounts.selectors import Caller
+from apps.chat.models import Conversation, Message
+from apps.chat.services.models import ModelSpec, output_tokens_resolve, tokenizer
+from apps.knowledge.services import SearchResult, chunk_search
+from apps.usage import metrics
+from apps.usage.budgets import (
+    budget_extend,
+    budget_reserve,
+    budget_settle,
+    limits_of,
+    max_tokens_cap,
+)
+from apps.usage.models import Reservation
+from inference import (
+    SYSTEM_PROMPT,
+    ChatMessage,
+    ChatRequest,
+    ContextLengthExceeded,
+    Passage,
+    Prompt,
+    assemble_prompt,
+)
+
+HISTORY_MESSAGES = 40
+
+
+@dataclass
+class PreparedAnswer:
+    caller: Caller
+    conversation: Conversation
+    question: str
+    spec: ModelSpec
+    prompt: Prompt
+    max_tokens: int
+    citations: list[dict[str, Any]]
+    reservation: Reservation | None
+    """None when the caller has no limits: nothing to hold, nothing to settle."""
+    want_reasoning: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def request(self) -> ChatRequest:
+        return ChatRequest(
+            model=self.spec.served_name,
+            messages=self.prompt.messages,
+            max_tokens=self.max_tokens,
+            extra=self.extra,
+        )
+
+
+def history_of(conversation: Conversation) -> list[ChatMessage]:
+    """The most recent completed turns, oldest first, as chat messages. Older ones would not
+    fit a context window anyway; prompt assembly drops more if it must."""
+    turns = conversation.messages.exclude(status=Message.Status.STREAMING).exclude(content="")
+    recent = list(turns.order_by("-created_at", "-pk")[:HISTORY_MESSAGES])
+    while recent and recent[-1].role == Message.Role.ASSISTANT:
+        recent.pop()  # a history starts with a question
+    return [{"role": m.role, "content": m.content} for m in reversed(recent)]
+
+
+def answer_prepare(
+    *,
+    caller: Caller,
+    conversation: Conversation,
+    content: str,
+    spec: ModelSpec,
+    collection_ids: list[int] | None = None,
+    max_tokens: int | None = None,
+    top_k: int = 5,
+    rag: bool = True,
+    want_reasoning: bool = False,
+    history: list[ChatMessage] | None = None,
+    instructions: str = "",
+) -> PreparedAnswer:
+    """Admit, retrieve and assemble. Raises before any byte; holds a reservation after.
+
+    ``history`` replaces the conversation's stored turns (the OpenAI-compatible surface
+    sends its own); ``instructions`` (a client's system message) follow the system prompt.
+    """
+    limits = list(limits_of(team=caller.team, api_key=caller.api_key))
+    output_tokens = output_tokens_resolve(
+        spec=spec, max_tokens=max_tokens, cap=max_tokens_cap(limits=limits)
+    )
+    started = time.monotonic()
+    turns = history_of(conversation) if history is None else history
+
+    def assembled(passages: list[Passage]) -> Prompt:
+        try:
+            return assemble_prompt(
+                tokenizer=tokenizer(),
+                question=content,
+                passages=passages,
+                history=turns,
+                system=f"{SYSTEM_PROMPT}\n\n{instructions}" if instructions else SYSTEM_PROMPT,
+                context_window=spec.context_window,
+                max_output_tokens=output_tokens,
+            )
+        except ContextLengthExceeded:
+            metrics.CONTEXT_LENGTH_EXCEEDED.inc()
+            raise
+
+    # Admission, before anything is embedded or generated: the prompt without passages
+    # plus every output token it may generate, held atomically against every limit (429
+    # here, never mid-stream). Passages only add tokens, so the bare prompt is a floor.
+    # A caller with no limits at all has nothing to hold: no reservation, no write.
+    bare = assembled([])
+    reservation = (
+        budget_reserve(
+            team=caller.team,
+            api_key=caller.api_key,
+            tokens=bare.prompt_tokens + output_tokens,
+            limits=limits,
+        )
+        if limits
+        else None
+    )
+    try:
+        results: list[SearchResult] = []
+        if rag:
+            collections = (
+                collection_ids if collection_ids is not None else conversation.collection_ids
+            )
+            results = chunk_search(
+                caller=caller, query=content, collection_ids=collections or None, top_k=top_k
+            )
+        passages = [
+            Passage(r.chunk.document.title, r.chunk.text, tuple(r.chunk.headings)) for r in results
+        ]
+        prompt = assembled(passages) if passages else bare
+        metrics.RETRIEVAL.observe(time.monotonic() - started)
+        if reservation is not None:  # the passages' tokens, on the same hold, all or nothing
+            budget_extend(reservation=reservation, tokens=prompt.prompt_tokens - bare.prompt_tokens)
+    except BaseException:
+        if reservation is not None:
+            budget_settle(reservation=reservation, actual=0)
+        raise
+    return PreparedAnswer(
+        caller=caller,
+        conversation=conversation,
+        question=content,
+        spec=spec,
+        prompt=prompt,
+        max_tokens=output_tokens,
+        citations=[
+            _citation(number, result)
+            for number, result in enumerate(results[: len(prompt.passages)], start=1)
+        ],
+        reservation=reservation,
+        want_reasoning=want_reasoning,
+    )
+
+
+def _citation(number: int, result: SearchResult) -> dict[str, Any]:
+    chunk = result.chunk
+    return {
+        "id": number,
+        "chunk_id": chunk.pk,
+        "document_id": chunk.document_id,
+        "collection_id": chunk.collection_id,
+        "title": chunk.document.title,
+        "chunk_index": chunk.index,
+        "score": round(result.score, 6),
+        "snippet": result.snippet,
+    }

@@ -1,0 +1,442 @@
+"""One generation, from the tier slot to settlement, as a stream of typed events.
+
+:func:`answer_start` takes a slot at the inference tier (a fair queue over teams; 503
+``queue_full`` past the wait limit, before any byte). :func:`answer_events` then streams:
+``Started``, ``Retrieved``, ``Delta``/``Reasoning``, then ``Failed`` if the tier failed,
+``UsageReport`` and ``Done`` (always last). The request to the tier leaves before the
+message rows are written, so the database work overlaps the tier's prefill.
+
+:class:`AnswerRun` is the ``async with`` block around it: however the block ends (done,
+error, the client gone), the reservation is settled exactly once, the usage row and the
+message are written in one transaction, the events are journalled for replay, and the
+tier slot is released.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field, replace
+from types import TracebackType
+from typing import Any, TypeVar
+
+from django.db import DatabaseError, transaction
+
+from apps.chat.events import event_store
+from apps.chat.models import Conversation, Message
+from apps.chat.services.models import Lease, inference_client, slot_acquire, tokenizer
+from apps.chat.services.prepare import PreparedAnswer
+from apps.chat.services.types import (
+    AnswerEvent,
+    Delta,
+    Done,
+    Failed,
+    Reasoning,
+    Retrieved,
+    Started,
+    UsageReport,
+)
+from apps.core.aio import db_call, loop_cached
+from apps.core.exceptions import ApplicationError, InvalidRequest, as_application_error
+from apps.usage import metrics
+from apps.usage.budgets import budget_settle
+from apps.usage.models import UsageRecord
+from apps.usage.services import usage_record_chat
+from apps.usage.values import Usage
+from inference import Finished, InferenceError, ReasoningDelta, TextDelta, UpstreamUsage
+
+logger = logging.getLogger(__name__)
+
+FLUSH_EVERY_SECONDS = 0.25
+CANCEL_POLL_SECONDS = 0.25
+E = TypeVar("E", bound=AnswerEvent)
+
+
+class ReasoningBudgetExhausted(InvalidRequest):
+    code = "reasoning_budget_exhausted"
+
+
+async def answer_start(prepared: PreparedAnswer) -> AnswerRun:
+    """A slot at the tier for this answer, or 503 ``queue_full``; either way before any
+    byte. A request refused (or abandoned) while queued never reaches the tier and its
+    reservation is released: nothing is billed."""
+    try:
+        lease = await slot_acquire(team=prepared.caller.team)
+    except BaseException:
+        if prepared.reservation is not None:
+            release = db_call(budget_settle)(reservation=prepared.reservation, actual=0)
+            await asyncio.shield(release)
+        raise
+    return AnswerRun(prepared, lease=lease)
+
+
+@dataclass
+class _Generation:
+    text: list[str] = field(default_factory=list)
+    reasoning: list[str] = field(default_factory=list)
+    upstream: UpstreamUsage | None = None
+    finish_reason: str | None = None
+    started: float = field(default_factory=time.monotonic)
+    first_token: float | None = None
+    last_token: float | None = None
+
+
+class AnswerRun:
+    """One generation's state, settled exactly once however it ends (see the module)."""
+
+    def __init__(self, prepared: PreparedAnswer, *, lease: Lease) -> None:
+        self.prepared = prepared
+        self.lease = lease
+        self.message: Message | None = None
+        self.generation = _Generation()
+        self.status = Message.Status.COMPLETE
+        self.error: ApplicationError | None = None
+        self.usage: Usage | None = None
+        self.journal = _Journal()
+        self._cancelled: asyncio.Event | None = None
+
+    def emit(self, event: E) -> E:
+        """``event`` numbered and journalled (for replay); what the client is sent."""
+        return self.journal.add(event)
+
+    async def open(self) -> Message:
+        """The user's message and the assistant's (streaming) one."""
+        self.message = await db_call(_messages_create)(self.prepared)
+        self.journal.message_id = self.message.pk
+        self._cancelled = _cancel_watch().watch(self.message.pk)
+        return self.message
+
+    async def settle(self) -> Usage:
+        """Settle the reservation on what was used, write the ledger row and the message;
+        once only (a second call returns the first usage)."""
+        if self.usage is None:
+            self.usage = usage_of(self.prepared, self.generation, queued=self.lease.waited)
+            self.message = await db_call(_save)(self)
+            self.journal.message_id = self.message.pk
+            _observe(self.usage, self.status, self.error)
+        return self.usage
+
+    async def __aenter__(self) -> AnswerRun:
+        metrics.IN_FLIGHT.inc()
+        return self
+
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        try:
+            if self.usage is None:
+                # The client went away (or something broke mid-stream): bill what was
+                # generated; a client resuming with Last-Event-ID reads the ending.
+                if exc is None or isinstance(exc, (asyncio.CancelledError, GeneratorExit)):
+                    self.end(Message.Status.CANCELLED, "cancelled")
+                else:
+                    logger.exception("answer failed mid-stream", exc_info=exc)
+                    self.end(Message.Status.FAILED, "error")
+                usage = await asyncio.shield(self.settle())
+                assert self.message is not None  # noqa: S101 - settle writes it
+                self.emit(UsageReport(usage=usage))
+                reason = self.generation.finish_reason or "cancelled"
+                self.emit(Done(message_id=self.message.pk, finish_reason=reason))
+            await asyncio.shield(self.journal.close())
+        finally:
+            if self.message is not None:
+                _cancel_watch().forget(self.message.pk)
+            await asyncio.shield(self.lease.release())
+            metrics.IN_FLIGHT.dec()
+
+    def end(
+        self, status: str, finish_reason: str, *, error: ApplicationError | None = None
+    ) -> None:
+        """How the generation ended, when the tier did not say (cancel, failure)."""
+        self.status, self.generation.finish_reason = status, finish_reason
+        self.error = error or self.error
+
+    @property
+    def cancel_requested(self) -> bool:
+        """Whether ``POST …/cancel`` asked (in any process) to stop this answer."""
+        return self._cancelled is not None and self._cancelled.is_set()
+
+
+async def answer_events(run: AnswerRun) -> AsyncIterator[AnswerEvent]:
+    """The answer's events; the caller may stop iterating at any time (client gone)."""
+    prepared, generation = run.prepared, run.generation
+    client = inference_client()
+    upstream = _Prefetched(client.stream_chat(prepared.request))  # the request leaves now
+    async with run:
+        try:
+            message = await run.open()
+            yield run.emit(
+                Started(
+                    message_id=message.pk,
+                    conversation_id=prepared.conversation.pk,
+                    model=prepared.spec.alias,
+                )
+            )
+            yield run.emit(Retrieved(citations=prepared.citations))
+            try:
+                async for event in upstream:
+                    match event:
+                        case TextDelta(text=text) | ReasoningDelta(text=text):
+                            _tick(run, time.monotonic())
+                            if isinstance(event, TextDelta):
+                                generation.text.append(text)
+                                yield run.emit(Delta(text=text))
+                            else:
+                                generation.reasoning.append(text)
+                                if prepared.want_reasoning:
+                                    yield run.emit(Reasoning(text=text))
+                        case Finished(reason=reason):
+                            generation.finish_reason = reason
+                        case UpstreamUsage():
+                            generation.upstream = event
+                    await run.journal.flush_due()
+                    if run.cancel_requested:
+                        run.end(Message.Status.CANCELLED, "cancelled")
+                        break
+            except InferenceError as exc:
+                run.end(Message.Status.FAILED, "error", error=as_application_error(exc))
+        finally:
+            await upstream.aclose()  # closing the connection stops the tier generating
+            await client.aclose()
+            await run.lease.release()  # the next request in the queue may go now
+        if generation.finish_reason == "length" and generation.reasoning and not generation.text:
+            run.error = ReasoningBudgetExhausted(
+                "max_tokens ran out during reasoning, before any answer token."
+            )
+        if run.error is not None:
+            run.status = Message.Status.FAILED
+            yield run.emit(Failed(error=run.error))
+        usage = await run.settle()
+        yield run.emit(UsageReport(usage=usage))
+        yield run.emit(
+            Done(message_id=message.pk, finish_reason=generation.finish_reason or "stop")
+        )
+
+
+def _tick(run: AnswerRun, now: float) -> None:
+    generation = run.generation
+    if generation.first_token is None:
+        generation.first_token = now
+    elif generation.last_token is not None:
+        metrics.INTER_TOKEN.labels(run.prepared.spec.alias).observe(now - generation.last_token)
+    generation.last_token = now
+
+
+T = TypeVar("T")
+_END: Any = object()
+
+
+class _Prefetched(AsyncIterator[T]):
+    """An async iterator whose first item is fetched in the background from the start, so
+    the work that fetch begins (the request to the tier) overlaps with the caller's."""
+
+    def __init__(self, iterator: AsyncIterator[T]) -> None:
+        self._iterator = iterator
+        self._first: asyncio.Future[T] | None = asyncio.ensure_future(anext(iterator, _END))
+
+    async def __anext__(self) -> T:
+        if self._first is not None:
+            first, self._first = self._first, None
+            item = await first
+            if item is _END:
+                raise StopAsyncIteration
+            return item
+        return await anext(self._iterator)
+
+    async def aclose(self) -> None:
+        if self._first is not None and not self._first.done():
+            self._first.cancel()
+            await asyncio.wait({self._first})
+        closer = getattr(self._iterator, "aclose", None)
+        if closer is not None:
+            await closer()
+
+
+def usage_of(prepared: PreparedAnswer, generation: _Generation, *, queued: float) -> Usage:
+    """The usage block: the tier's own when it sent one, else the exact local count."""
+    count = tokenizer().count
+    reasoning_text = "".join(generation.reasoning)
+    upstream = generation.upstream
+    if upstream is not None:
+        prompt_tokens, completion_tokens = upstream.prompt_tokens, upstream.completion_tokens
+        cached_tokens = upstream.cached_tokens
+        if upstream.reasoning_tokens is not None:
+            reasoning_tokens = upstream.reasoning_tokens
+        else:
+            reasoning_tokens = (
+                min(count(reasoning_text), completion_tokens) if reasoning_text else 0
+            )
+    else:
+        prompt_tokens, cached_tokens = prepared.prompt.prompt_tokens, 0
+        reasoning_tokens = count(reasoning_text) if reasoning_text else 0
+        answer = "".join(generation.text)
+        completion_tokens = reasoning_tokens + (count(answer) if answer else 0)
+    now = time.monotonic()
+    first = generation.first_token
+    decode = now - (first or now)
+    return Usage(
+        prompt_tokens=prompt_tokens,
+        cached_tokens=cached_tokens,
+        completion_tokens=completion_tokens,
+        reasoning_tokens=reasoning_tokens,
+        ttft_ms=round((first - generation.started) * 1000) if first is not None else None,
+        duration_ms=round((now - generation.started) * 1000),
+        tokens_per_second=round(completion_tokens / decode, 2) if decode > 0 else None,
+        queue_ms=round(queued * 1000),
+        model=prepared.spec.alias,
+        source="upstream" if upstream is not None else "counted",
+    )
+
+
+def _observe(usage: Usage, status: str, error: ApplicationError | None) -> None:
+    model = usage.model
+    if usage.ttft_ms is not None:
+        metrics.TTFT.labels(model).observe(usage.ttft_ms / 1000)
+    if usage.tokens_per_second is not None:
+        metrics.OUTPUT_TOKENS_PER_SECOND.labels(model).observe(usage.tokens_per_second)
+    metrics.TOKENS.labels("chat", model, "input").inc(usage.prompt_tokens)
+    metrics.TOKENS.labels("chat", model, "output").inc(usage.completion_tokens)
+    if status == Message.Status.FAILED and error is not None:
+        metrics.UPSTREAM_ERRORS.labels(error.code).inc()
+
+
+@transaction.atomic
+def _messages_create(prepared: PreparedAnswer) -> Message:
+    conversation, team = prepared.conversation, prepared.caller.team
+    Message.objects.create(
+        conversation=conversation, team=team, role=Message.Role.USER, content=prepared.question
+    )
+    message = Message.objects.create(
+        conversation=conversation,
+        team=team,
+        role=Message.Role.ASSISTANT,
+        status=Message.Status.STREAMING,
+        citations=prepared.citations,
+        model=prepared.spec.alias,
+        served_model=prepared.spec.served_name,
+    )
+    Conversation.objects.filter(pk=conversation.pk).update(updated_at=message.created_at)
+    return message
+
+
+LEDGER_STATUS = {
+    Message.Status.COMPLETE: UsageRecord.Status.OK,
+    Message.Status.FAILED: UsageRecord.Status.ERROR,
+    Message.Status.CANCELLED: UsageRecord.Status.CANCELLED,
+}
+
+
+@transaction.atomic
+def _save(run: AnswerRun) -> Message:
+    """The settled reservation, the ledger row and the message, together. A run that
+    ends before its rows were written (the client left at once) writes them here."""
+    prepared, generation, usage = run.prepared, run.generation, run.usage
+    assert usage is not None  # noqa: S101 - settle computes it first
+    message = run.message or _messages_create(prepared)
+    caller = prepared.caller
+    if prepared.reservation is not None:
+        budget_settle(reservation=prepared.reservation, actual=usage.total_tokens)
+    error = Failed(error=run.error).data() if run.error is not None else None
+    usage_record_chat(
+        team=caller.team,
+        api_key=caller.api_key,
+        user=caller.user,
+        model=prepared.spec.alias,
+        usage=usage,
+        status=LEDGER_STATUS[run.status],
+        error_code=run.error.code if run.error else "",
+        object_id=str(message.pk),
+    )
+    Message.objects.filter(pk=message.pk).update(
+        content="".join(generation.text),
+        reasoning="".join(generation.reasoning),
+        status=run.status,
+        error=error,
+        finish_reason=generation.finish_reason or "stop",
+        usage_source=usage.source,
+        **usage.columns(),
+    )
+    return message
+
+
+class _CancelWatch:
+    """Cancel requests for every answer this process streams, read in one query every
+    ``CANCEL_POLL_SECONDS`` (not one query per answer per flush: a thousand open streams
+    would be a thousand queries a second)."""
+
+    def __init__(self) -> None:
+        self.events: dict[int, asyncio.Event] = {}
+        self.task: asyncio.Task[None] | None = None
+
+    def watch(self, message_id: int) -> asyncio.Event:
+        event = self.events.setdefault(message_id, asyncio.Event())
+        if self.task is None or self.task.done():
+            self.task = asyncio.create_task(self._poll())
+        return event
+
+    def forget(self, message_id: int) -> None:
+        self.events.pop(message_id, None)
+
+    async def _poll(self) -> None:
+        while self.events:
+            await asyncio.sleep(CANCEL_POLL_SECONDS)
+            try:
+                asked = await db_call(_cancel_requested_among)(list(self.events))
+            except DatabaseError as exc:  # the next round tries again
+                logger.warning("cannot read cancel requests: %s", exc)
+                continue
+            for message_id in asked:
+                if message_id in self.events:
+                    self.events[message_id].set()
+
+
+@loop_cached
+def _cancel_watch() -> _CancelWatch:
+    return _CancelWatch()
+
+
+def _cancel_requested_among(message_ids: list[int]) -> list[int]:
+    asked = Message.objects.filter(pk__in=message_ids, cancel_requested=True)
+    return list(asked.values_list("pk", flat=True))
+
+
+class _Journal:
+    """Numbers events and writes them to the event store in small batches."""
+
+    def __init__(self) -> None:
+        self.message_id = 0
+        self.seq = 0
+        self.pending: list[tuple[int, str, dict[str, Any]]] = []
+        self.last_flush = time.monotonic()
+        self.store = event_store()
+        self.closed = False
+
+    def add(self, event: E) -> E:
+        self.seq += 1
+        numbered = replace(event, id=self.seq)
+        self.pending.append((self.seq, numbered.name, numbered.data()))
+        return numbered
+
+    async def flush_due(self) -> bool:
+        """Flush if the last flush is old enough; True when it flushed."""
+        if time.monotonic() - self.last_flush < FLUSH_EVERY_SECONDS:
+            return False
+        await self.flush()
+        return True
+
+    async def flush(self) -> None:
+        pending, self.pending = self.pending, []
+        self.last_flush = time.monotonic()
+        if pending and self.message_id:
+            await self.store.append(self.message_id, pending)
+
+    async def close(self) -> None:
+        await self.flush()
+        if not self.closed:
+            self.closed = True
+            await self.store.aclose()

@@ -1,0 +1,104 @@
+"""The events an answer is made of.
+
+Every surface consumes the same typed events: the SSE encoder frames them (``name`` and
+``data()``), the JSON collector folds them, the OpenAI renderer re-shapes them. Nothing
+matches event names as strings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from apps.core.exceptions import ApplicationError, error_body
+from apps.usage.values import Usage
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AnswerEvent:
+    """One event of an answer; ``id`` increases by one per event of a message."""
+
+    name: ClassVar[str]
+    id: int = 0
+
+    def data(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Started(AnswerEvent):
+    name: ClassVar[str] = "message"
+    message_id: int
+    conversation_id: int
+    model: str
+
+    def data(self) -> dict[str, Any]:
+        return {
+            "message_id": self.message_id,
+            "conversation_id": self.conversation_id,
+            "model": self.model,
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Retrieved(AnswerEvent):
+    name: ClassVar[str] = "retrieval"
+    citations: list[dict[str, Any]] = field(default_factory=list)
+
+    def data(self) -> dict[str, Any]:
+        return {"citations": self.citations}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Delta(AnswerEvent):
+    name: ClassVar[str] = "delta"
+    text: str
+
+    def data(self) -> dict[str, Any]:
+        return {"text": self.text}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Reasoning(AnswerEvent):
+    name: ClassVar[str] = "reasoning"
+    text: str
+
+    def data(self) -> dict[str, Any]:
+        return {"text": self.text}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UsageReport(AnswerEvent):
+    name: ClassVar[str] = "usage"
+    usage: Usage
+
+    def data(self) -> dict[str, Any]:
+        return self.usage.as_dict()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Failed(AnswerEvent):
+    """An error after the stream started, carried as the domain error itself so that every
+    surface maps it through the one handler (status, code, ``Retry-After``)."""
+
+    name: ClassVar[str] = "error"
+    error: ApplicationError
+
+    def data(self) -> dict[str, Any]:
+        body: dict[str, Any] = error_body(
+            type=self.error.type,
+            code=self.error.code,
+            message=self.error.message,
+            param=self.error.param,
+        )["error"]
+        return body
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Done(AnswerEvent):
+    name: ClassVar[str] = "done"
+    message_id: int
+    finish_reason: str
+
+    def data(self) -> dict[str, Any]:
+        return {"message_id": self.message_id, "finish_reason": self.finish_reason}

@@ -1,0 +1,136 @@
+"""How an answer goes out: the native wire (typed SSE events; a JSON body) and OpenAI's
+(``chat.completion.chunk`` frames then ``[DONE]``; a ``chat.completion`` body), and the one
+:func:`answer_respond` both surfaces use.
+
+Every surface consumes the same event stream, so all record identical usage; a refusal at
+the queue (503 ``queue_full``) comes before any byte, and an error after the stream
+started goes in-band, then the stream ends as usual.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from django.http import HttpResponseBase
+from rest_framework.response import Response
+
+from apps.chat.services import (
+    AnswerEvent,
+    CollectedAnswer,
+    PreparedAnswer,
+    answer_collect,
+    answer_events,
+    answer_start,
+)
+from apps.chat.services.types import Delta, Done, Failed, Retrieved, Started, UsageReport
+from apps.chat.sse import event_stream_response, frame, frame_data, with_pings
+from apps.usage.values import Usage
+
+
+class Wire(Protocol):
+    created_status: int
+
+    def frames(self, events: AsyncIterator[AnswerEvent]) -> AsyncIterator[bytes]: ...
+
+    def body(self, prepared: PreparedAnswer, answer: CollectedAnswer) -> dict[str, Any]: ...
+
+
+async def answer_respond(prepared: PreparedAnswer, *, wire: Wire, stream: bool) -> HttpResponseBase:
+    """Take a slot at the tier (or raise 503 ``queue_full``), then stream the answer in
+    ``wire``'s framing, or collect it whole (an error with no content raises, for the
+    exception handler to answer with its status and headers)."""
+    run = await answer_start(prepared)
+    if stream:
+        return event_stream_response(with_pings(wire.frames(answer_events(run))))
+    answer = await answer_collect(answer_events(run))
+    if answer.error is not None and not answer.content:
+        raise answer.error
+    return Response(wire.body(prepared, answer), status=wire.created_status)
+
+
+class NativeWire:
+    created_status = 201
+
+    async def frames(self, events: AsyncIterator[AnswerEvent]) -> AsyncIterator[bytes]:
+        async for event in events:
+            yield frame(event)
+
+    def body(self, prepared: PreparedAnswer, answer: CollectedAnswer) -> dict[str, Any]:
+        return {
+            "id": answer.message_id,
+            "content": answer.content,
+            "citations": answer.citations,
+            "usage": answer.usage.as_dict() if answer.usage else None,
+            "finish_reason": answer.finish_reason,
+        }
+
+
+@dataclass(frozen=True)
+class OpenAIWire:
+    include_usage: bool = False
+    created_status = 200
+
+    async def frames(self, events: AsyncIterator[AnswerEvent]) -> AsyncIterator[bytes]:
+        base: dict[str, Any] = {
+            "object": "chat.completion.chunk",
+            "created": int(time.time()),
+        }
+        citations: list[dict[str, Any]] = []
+        usage: Usage | None = None
+
+        def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
+            choice = {"index": 0, "delta": delta, "finish_reason": finish}
+            return frame_data({**base, "choices": [choice], **extra})
+
+        async for event in events:
+            match event:
+                case Started(message_id=message_id, model=model):
+                    base = {"id": f"chatcmpl-{message_id}", **base, "model": model}
+                    yield chunk({"role": "assistant", "content": ""})
+                case Retrieved(citations=found):
+                    citations = found
+                case Delta(text=text):
+                    yield chunk({"content": text})
+                case Failed():
+                    yield frame_data({"error": event.data()})
+                case UsageReport(usage=reported):
+                    usage = reported
+                case Done(finish_reason=reason):
+                    yield chunk({}, finish=_finish(reason), citations=citations)
+        if self.include_usage and usage is not None:
+            yield frame_data({**base, "choices": [], "usage": _usage(usage)})
+        yield frame_data("[DONE]")
+
+    def body(self, prepared: PreparedAnswer, answer: CollectedAnswer) -> dict[str, Any]:
+        return {
+            "id": f"chatcmpl-{answer.message_id}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": prepared.spec.alias,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": answer.content},
+                    "finish_reason": _finish(answer.finish_reason),
+                }
+            ],
+            "usage": _usage(answer.usage) if answer.usage else None,
+            "citations": answer.citations,
+        }
+
+
+def _usage(usage: Usage) -> dict[str, Any]:
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.total_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+        "completion_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
+    }
+
+
+def _finish(reason: str) -> str:
+    return reason if reason in ("stop", "length", "content_filter", "tool_calls") else "stop"

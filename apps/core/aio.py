@@ -1,0 +1,111 @@
+"""Async serving: database work on one bounded pool, and DRF views with async handlers.
+
+A long answer stream spends nearly all its life waiting on the inference tier. Under
+Django's ASGI handler, code run with ``sync_to_async`` (thread-sensitive, the default)
+goes to a thread of the request's own and keeps its database connection open until the
+response ends: one thread and one connection per open stream. Database work here runs
+instead on a small shared pool (``DATABASE_THREADS`` workers, so at most that many
+connections), and the answer views are async, so an open stream holds neither.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import weakref
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, ParamSpec, TypeVar
+
+import redis.asyncio
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.db import connections
+from django.http import HttpRequest, HttpResponseBase
+from rest_framework.views import APIView
+
+# Longer than any blocking call the app makes on a shared client (the queue's waits).
+REDIS_SOCKET_TIMEOUT = 10.0
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+@functools.cache
+def _executor() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(
+        max_workers=settings.DATABASE_THREADS, thread_name_prefix="ragtier-db"
+    )
+
+
+def _healthy(fn: Callable[P, R]) -> Callable[P, R]:
+    """Pool threads keep their connections between calls (that is the point); one that
+    failed and is no longer usable is dropped before it is used again."""
+
+    @functools.wraps(fn)
+    def call(*args: P.args, **kwargs: P.kwargs) -> R:
+        for connection in connections.all(initialized_only=True):
+            if connection.connection is not None and connection.errors_occurred:
+                if connection.is_usable():
+                    connection.errors_occurred = False
+                else:
+                    connection.close()
+        return fn(*args, **kwargs)
+
+    return call
+
+
+def loop_cached(fn: Callable[P, R]) -> Callable[P, R]:
+    """``functools.cache`` per running event loop: asyncio objects and async clients
+    (queues, Redis connections) belong to the loop that made them. Arguments are the key."""
+    caches: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[Any, R]]
+    caches = weakref.WeakKeyDictionary()
+
+    @functools.wraps(fn)
+    def cached(*args: P.args, **kwargs: P.kwargs) -> R:
+        cache = caches.setdefault(asyncio.get_running_loop(), {})
+        key = (args, tuple(sorted(kwargs.items())))
+        if key not in cache:
+            cache[key] = fn(*args, **kwargs)
+        return cache[key]
+
+    return cached
+
+
+@loop_cached
+def redis_client(url: str) -> redis.asyncio.Redis:
+    """One async Redis client (one connection pool) per URL and event loop, shared by
+    every answer: not a connection per open stream."""
+    return redis.asyncio.Redis.from_url(url, socket_timeout=REDIS_SOCKET_TIMEOUT)
+
+
+def db_call(fn: Callable[P, R]) -> Callable[P, Awaitable[R]]:
+    """``fn`` (sync: ORM, tokenizer, embedder) awaited from async code, on the shared pool."""
+    return sync_to_async(_healthy(fn), thread_sensitive=False, executor=_executor())
+
+
+class AsyncApiView(APIView):
+    """A DRF view whose handlers are ``async def``. Authentication, permissions and
+    content negotiation (sync, they read the database) run on the pool; the handler runs
+    on the event loop; errors take the one path, DRF's exception handler."""
+
+    async def dispatch(  # type: ignore[override]
+        self, request: HttpRequest, *args: Any, **kwargs: Any
+    ) -> HttpResponseBase:
+        self.args, self.kwargs = args, kwargs
+        drf_request = self.initialize_request(request, *args, **kwargs)
+        self.request = drf_request
+        self.headers = self.default_response_headers
+        try:
+            await db_call(self.initial)(drf_request, *args, **kwargs)
+            method = (drf_request.method or "").lower()
+            handler = getattr(self, method, None) if method in self.http_method_names else None
+            if handler is None:
+                handler = self.http_method_not_allowed
+            response = handler(drf_request, *args, **kwargs)
+            if inspect.isawaitable(response):  # OPTIONS stays DRF's own, sync
+                response = await response
+        except Exception as exc:
+            response = self.handle_exception(exc)
+        self.response = self.finalize_response(drf_request, response, *args, **kwargs)
+        return self.response
