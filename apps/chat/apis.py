@@ -198,12 +198,9 @@ class ConversationMessageCreateApi(AsyncApiView):
         caller = get_caller(request)
         data = validated(self.InputSerializer, request)
         spec = await services.model_resolve(alias=data.get("model"))
-        conversation = await db_call(selectors.conversation_get)(
-            team=caller.team, conversation_id=conversation_id
-        )
         prepared = await db_call(services.answer_prepare)(
             caller=caller,
-            conversation=conversation,
+            conversation=conversation_id,
             content=data["content"],
             spec=spec,
             collection_ids=data.get("collections"),

@@ -82,10 +82,11 @@ class ChatCompletionsApi(AsyncApiView):
         rag = data.get("rag") or {"enabled": True, "top_k": 5}
         caller = get_caller(request)
         spec = await services.model_resolve(alias=data["model"])
-        conversation = await db_call(services.conversation_create)(caller=caller, title="openai")
-        prepared = await db_call(services.answer_prepare)(
+        prepared = await db_call(
+            services.answer_prepare
+        )(
             caller=caller,
-            conversation=conversation,
+            conversation=None,  # a new one, written with the messages
             content=messages[-1]["content"],
             spec=spec,
             collection_ids=rag.get("collections"),

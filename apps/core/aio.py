@@ -27,6 +27,7 @@ from rest_framework.views import APIView
 
 # Longer than any blocking call the app makes on a shared client (the queue's waits).
 REDIS_SOCKET_TIMEOUT = 10.0
+REDIS_MAX_CONNECTIONS = 64
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -73,10 +74,17 @@ def loop_cached(fn: Callable[P, R]) -> Callable[P, R]:
 
 
 @loop_cached
-def redis_client(url: str) -> redis.asyncio.Redis:
-    """One async Redis client (one connection pool) per URL and event loop, shared by
-    every answer: not a connection per open stream."""
-    return redis.asyncio.Redis.from_url(url, socket_timeout=REDIS_SOCKET_TIMEOUT)
+def redis_client(url: str, *, purpose: str = "shared") -> redis.asyncio.Redis:
+    """One async Redis client per URL, ``purpose`` and event loop, shared by every answer:
+    not a connection per open stream. Its pool is bounded and, when every connection is
+    busy, waits for one (redis-py's default pool would refuse: "Too many connections")."""
+    pool = redis.asyncio.BlockingConnectionPool.from_url(
+        url,
+        max_connections=REDIS_MAX_CONNECTIONS,
+        timeout=REDIS_SOCKET_TIMEOUT,
+        socket_timeout=REDIS_SOCKET_TIMEOUT,
+    )
+    return redis.asyncio.Redis(connection_pool=pool)
 
 
 def db_call(fn: Callable[P, R]) -> Callable[P, Awaitable[R]]:

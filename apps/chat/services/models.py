@@ -144,7 +144,7 @@ def _scheduler(
     if not redis_url:
         return LocalScheduler(capacity=capacity)
     return RedisScheduler(
-        redis=redis_client(redis_url),
+        redis=redis_client(redis_url, purpose="queue"),  # its own pool (see RedisScheduler)
         name=name,
         capacity=capacity,
         lease_seconds=lease_seconds,

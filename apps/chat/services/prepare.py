@@ -14,6 +14,7 @@ from typing import Any
 
 from apps.accounts.selectors import Caller
 from apps.chat.models import Conversation, Message
+from apps.chat.selectors import conversation_get
 from apps.chat.services.models import ModelSpec, output_tokens_resolve, tokenizer
 from apps.knowledge.services import SearchResult, chunk_search
 from apps.usage import metrics
@@ -41,7 +42,8 @@ HISTORY_MESSAGES = 40
 @dataclass
 class PreparedAnswer:
     caller: Caller
-    conversation: Conversation
+    conversation: Conversation | None
+    """None: a new one, made with the messages (the OpenAI surface keeps no history)."""
     question: str
     spec: ModelSpec
     prompt: Prompt
@@ -75,7 +77,7 @@ def history_of(conversation: Conversation) -> list[ChatMessage]:
 def answer_prepare(
     *,
     caller: Caller,
-    conversation: Conversation,
+    conversation: Conversation | int | None,
     content: str,
     spec: ModelSpec,
     collection_ids: list[int] | None = None,
@@ -88,15 +90,20 @@ def answer_prepare(
 ) -> PreparedAnswer:
     """Admit, retrieve and assemble. Raises before any byte; holds a reservation after.
 
-    ``history`` replaces the conversation's stored turns (the OpenAI-compatible surface
-    sends its own); ``instructions`` (a client's system message) follow the system prompt.
+    ``conversation``: the caller's (or its id; another team's is a 404), or None for a new
+    one, written with the messages. ``history`` replaces the conversation's stored turns
+    (the OpenAI-compatible surface sends its own); ``instructions`` (a client's system
+    message) follow the system prompt.
     """
+    if isinstance(conversation, int):
+        conversation = conversation_get(team=caller.team, conversation_id=conversation)
     limits = list(limits_of(team=caller.team, api_key=caller.api_key))
     output_tokens = output_tokens_resolve(
         spec=spec, max_tokens=max_tokens, cap=max_tokens_cap(limits=limits)
     )
     started = time.monotonic()
-    turns = history_of(conversation) if history is None else history
+    if history is None:
+        history = history_of(conversation) if conversation is not None else []
 
     def assembled(passages: list[Passage]) -> Prompt:
         try:
@@ -104,7 +111,7 @@ def answer_prepare(
                 tokenizer=tokenizer(),
                 question=content,
                 passages=passages,
-                history=turns,
+                history=history,
                 system=f"{SYSTEM_PROMPT}\n\n{instructions}" if instructions else SYSTEM_PROMPT,
                 context_window=spec.context_window,
                 max_output_tokens=output_tokens,
@@ -131,9 +138,9 @@ def answer_prepare(
     try:
         results: list[SearchResult] = []
         if rag:
-            collections = (
-                collection_ids if collection_ids is not None else conversation.collection_ids
-            )
+            collections = collection_ids
+            if collections is None and conversation is not None:
+                collections = conversation.collection_ids
             results = chunk_search(
                 caller=caller, query=content, collection_ids=collections or None, top_k=top_k
             )

@@ -173,7 +173,7 @@ async def answer_events(run: AnswerRun) -> AsyncIterator[AnswerEvent]:
             yield run.emit(
                 Started(
                     message_id=message.pk,
-                    conversation_id=prepared.conversation.pk,
+                    conversation_id=message.conversation_id,
                     model=prepared.spec.alias,
                 )
             )
@@ -307,7 +307,13 @@ def _observe(usage: Usage, status: str, error: ApplicationError | None) -> None:
 
 @transaction.atomic
 def _messages_create(prepared: PreparedAnswer) -> Message:
-    conversation, team = prepared.conversation, prepared.caller.team
+    caller, team = prepared.caller, prepared.caller.team
+    conversation = prepared.conversation
+    if conversation is None:
+        conversation = Conversation.objects.create(
+            team=team, user=caller.user, api_key=caller.api_key, title="openai"
+        )
+        prepared.conversation = conversation
     Message.objects.create(
         conversation=conversation, team=team, role=Message.Role.USER, content=prepared.question
     )
