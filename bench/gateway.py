@@ -597,7 +597,10 @@ def child(args: argparse.Namespace) -> int:
     parts: dict[str, Part] = {}
     services = Services(data_dir)
     with contextlib.ExitStack() as cleanup:
-        cleanup.callback(shutil.rmtree, data_dir, ignore_errors=True)
+        if args.keep:
+            print(f"keeping {data_dir} (logs of every service)")
+        else:
+            cleanup.callback(shutil.rmtree, data_dir, ignore_errors=True)
         if extra:
             cleanup.enter_context(fresh_database())
             cleanup.callback(redis_cleanup, args.redis_url, prefix)
@@ -675,6 +678,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--slow-tokens", type=int, default=20, help="part 4: tokens per stream")
     parser.add_argument("--database-url", default=DEFAULT_DATABASE_URL)
     parser.add_argument("--redis-url", default=DEFAULT_REDIS_URL)
+    parser.add_argument("--keep", action="store_true", help="keep the temp folders and logs")
     parser.add_argument("--child", choices=list(CONFIGS), help=argparse.SUPPRESS)
     parser.add_argument("--results", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
