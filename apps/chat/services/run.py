@@ -23,6 +23,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from django.db import DatabaseError, transaction
+from redis.exceptions import RedisError
 
 from apps.chat.events import event_store
 from apps.chat.models import Conversation, Message
@@ -428,18 +429,24 @@ class _Journal:
         self.pending.append((self.seq, numbered.name, numbered.data()))
         return numbered
 
-    async def flush_due(self) -> bool:
-        """Flush if the last flush is old enough; True when it flushed."""
-        if time.monotonic() - self.last_flush < FLUSH_EVERY_SECONDS:
-            return False
-        await self.flush()
-        return True
+    async def flush_due(self) -> None:
+        """Flush if the last flush is old enough."""
+        if time.monotonic() - self.last_flush >= FLUSH_EVERY_SECONDS:
+            await self.flush()
 
     async def flush(self) -> None:
-        pending, self.pending = self.pending, []
+        """Write what is pending. The journal serves replay only: a store that fails (Redis
+        or the database busy or down) never fails the answer itself; the events stay
+        pending and the next flush tries again."""
         self.last_flush = time.monotonic()
-        if pending and self.message_id:
+        if not (self.pending and self.message_id):
+            return
+        pending, self.pending = self.pending, []
+        try:
             await self.store.append(self.message_id, pending)
+        except (RedisError, DatabaseError, TimeoutError) as exc:
+            logger.warning("message %s: events not journalled yet: %r", self.message_id, exc)
+            self.pending = pending + self.pending
 
     async def close(self) -> None:
         await self.flush()

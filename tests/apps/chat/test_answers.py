@@ -414,3 +414,31 @@ def test_history_is_the_recent_turns_starting_with_a_question(team: Any) -> None
     assert len(history) <= HISTORY_MESSAGES and history[0]["role"] == "user"
     assert history[-1] == {"role": "assistant", "content": f"a{HISTORY_MESSAGES - 1}"}
     assert {"role": "assistant", "content": ""} not in history
+
+
+def test_a_failing_event_journal_never_fails_the_answer(
+    upstream: FakeUpstream, http: httpx.Client, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The journal serves replay only: Redis or the database refusing it (busy, down)
+    leaves the answer, its usage and its ledger row whole."""
+    from django.db import DatabaseError
+
+    from apps.chat.events import DatabaseEventStore
+
+    attempts: list[int] = []
+
+    async def refuse(self: Any, message_id: int, events: list[Any]) -> None:
+        attempts.append(len(events))
+        raise DatabaseError("the journal is down")
+
+    settings.STREAM_BUFFER_REDIS_URL = ""
+    monkeypatch.setattr(DatabaseEventStore, "append", refuse)
+    upstream.script.tokens = [f" w{i}" for i in range(8)]
+    upstream.script.delay = 0.1  # several flushes, each refused
+    frames = ask_stream(http, conversation_for(http), content="Hi", top_k=0)
+    assert [f["event"] for f in frames][-2:] == ["usage", "done"]
+    assert not [f for f in frames if f["event"] == "error"]
+    assert len(attempts) >= 2 and attempts[-1] > attempts[0]  # kept, and tried again
+    message = Message.objects.get(role="assistant")
+    assert (message.status, message.content) == ("complete", "".join(upstream.script.tokens))
+    assert UsageRecord.objects.get(kind="chat").status == "ok"
