@@ -64,6 +64,7 @@ class MessageOutput(serializers.ModelSerializer[Message]):
             "ttft_ms": message.ttft_ms,
             "duration_ms": message.duration_ms,
             "tokens_per_second": message.tokens_per_second,
+            "queue_ms": message.queue_ms,
             "model": message.model,
             "source": message.usage_source,
         }

@@ -387,6 +387,7 @@ def test_conversation_history_and_message_listing(
     detail = http.get(f"/api/v1/conversations/{conversation}").json()
     assert [m["role"] for m in detail["messages"]] == ["user", "assistant"] * 2
     assert detail["messages"][1]["usage"]["completion_tokens"] == 3
+    assert detail["messages"][1]["usage"]["queue_ms"] == 0  # a slot was free at once
 
 
 def test_tokenize_counts_with_the_served_tokenizer(
