@@ -152,7 +152,7 @@ def _scheduler(
     )
 
 
-async def slot_acquire(*, team: Team) -> Lease:
+async def slot_acquire(*, team: Team) -> Slot:
     """A slot at the tier for one of ``team``'s requests, served fairly across teams;
     ``QueueFull`` (503 with ``Retry-After``) past ``INFERENCE_QUEUE_TIMEOUT``."""
     queue = scheduler()
@@ -170,11 +170,12 @@ async def slot_acquire(*, team: Team) -> Lease:
     finally:
         metrics.QUEUE_DEPTH.dec()
         metrics.QUEUE_WAIT.observe(time.monotonic() - started)
-    return _Counted(lease)
+    return Slot(lease)
 
 
-class _Counted:
-    """A lease that keeps the slots-in-use gauge: up when granted, down once released."""
+class Slot:
+    """One request's place at the tier: the scheduler's lease, and the slots-in-use gauge
+    (up when granted, down once released)."""
 
     def __init__(self, lease: Lease) -> None:
         self._lease = lease

@@ -27,7 +27,7 @@ from redis.exceptions import RedisError
 
 from apps.chat.events import event_store
 from apps.chat.models import Conversation, Message
-from apps.chat.services.models import Lease, inference_client, slot_acquire, tokenizer
+from apps.chat.services.models import Slot, inference_client, slot_acquire, tokenizer
 from apps.chat.services.prepare import PreparedAnswer
 from apps.chat.services.types import (
     AnswerEvent,
@@ -87,7 +87,7 @@ class _Generation:
 class AnswerRun:
     """One generation's state, settled exactly once however it ends (see the module)."""
 
-    def __init__(self, prepared: PreparedAnswer, *, lease: Lease) -> None:
+    def __init__(self, prepared: PreparedAnswer, *, lease: Slot) -> None:
         self.prepared = prepared
         self.lease = lease
         self.message: Message | None = None
