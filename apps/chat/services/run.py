@@ -27,6 +27,7 @@ from redis.exceptions import RedisError
 
 from apps.chat.events import event_store
 from apps.chat.models import Conversation, Message
+from apps.chat.services.conversations import conversation_create
 from apps.chat.services.models import Slot, inference_client, slot_acquire, tokenizer
 from apps.chat.services.prepare import PreparedAnswer
 from apps.chat.services.types import (
@@ -311,9 +312,7 @@ def _messages_create(prepared: PreparedAnswer) -> Message:
     caller, team = prepared.caller, prepared.caller.team
     conversation = prepared.conversation
     if conversation is None:
-        conversation = Conversation.objects.create(
-            team=team, user=caller.user, api_key=caller.api_key, title="openai"
-        )
+        conversation = conversation_create(caller=caller, title="openai")
         prepared.conversation = conversation
     Message.objects.create(
         conversation=conversation, team=team, role=Message.Role.USER, content=prepared.question
@@ -418,7 +417,7 @@ class _Journal:
     def __init__(self) -> None:
         self.message_id = 0
         self.seq = 0
-        self.pending: list[tuple[int, str, dict[str, Any]]] = []
+        self.pending: list[AnswerEvent] = []
         self.last_flush = time.monotonic()
         self.store = event_store()
         self.closed = False
@@ -426,7 +425,7 @@ class _Journal:
     def add(self, event: E) -> E:
         self.seq += 1
         numbered = replace(event, id=self.seq)
-        self.pending.append((self.seq, numbered.name, numbered.data()))
+        self.pending.append(numbered)  # rendered at flush, off the per-token path
         return numbered
 
     async def flush_due(self) -> None:
@@ -443,7 +442,7 @@ class _Journal:
             return
         pending, self.pending = self.pending, []
         try:
-            await self.store.append(self.message_id, pending)
+            await self.store.append(self.message_id, [(e.id, e.name, e.data()) for e in pending])
         except (RedisError, DatabaseError, TimeoutError) as exc:
             logger.warning("message %s: events not journalled yet: %r", self.message_id, exc)
             self.pending = pending + self.pending

@@ -11,26 +11,17 @@ from typing import Any
 
 import pytest
 import redis
-from django.db import connection
 from rest_framework.test import APIClient
 
 from apps.knowledge.models import Document
 from apps.usage.models import UsageRecord
 from config.celery import app as celery_app
 from config.env import BASE_DIR
-from tests.conftest import stop_process
+from tests.conftest import database_url, stop_process
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
 BROKER = os.environ.get("REDIS_URL") or "redis://127.0.0.1:6379/15"
-
-
-def database_url() -> str:
-    db = connection.settings_dict
-    if db["ENGINE"].endswith("sqlite3"):
-        return f"sqlite:///{db['NAME']}"
-    password = f":{db['PASSWORD']}" if db["PASSWORD"] else ""
-    return f"postgres://{db['USER']}{password}@{db['HOST']}:{db['PORT'] or 5432}/{db['NAME']}"
 
 
 def reset_connections() -> None:
