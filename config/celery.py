@@ -3,6 +3,7 @@
 import os
 
 from celery import Celery
+from celery.signals import worker_process_init
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.base")
 
@@ -20,3 +21,22 @@ def _make_broker_folders(sender: Celery, **_: object) -> None:
     for key in ("data_folder_in", "data_folder_out", "control_folder"):
         if key in options:
             Path(options[key]).mkdir(parents=True, exist_ok=True)
+
+
+@worker_process_init.connect
+def _cap_child_memory(**_: object) -> None:
+    """Hold each pool child to ``WORKER_CHILD_MEMORY_LIMIT_MB`` of data memory.
+
+    ``worker_max_memory_per_child`` replaces a child only after its task; this cap stops
+    the task itself: an allocation past it raises MemoryError inside the stage, which
+    fails the document with ``out_of_memory``, where the kernel's OOM killer would take
+    the process (and re-deliver the document to take the next one).
+    """
+    import resource
+
+    from django.conf import settings
+
+    limit_mb = settings.WORKER_CHILD_MEMORY_LIMIT_MB
+    if limit_mb > 0:
+        limit = limit_mb * 1024 * 1024
+        resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))

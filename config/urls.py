@@ -10,7 +10,13 @@ urlpatterns = [
     path("api/v1/", include("apps.usage.urls")),
     path("v1/", include("apps.chat.openai_urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
-    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
+    # GET only: DRF would answer OPTIONS with metadata through the page's HTML renderer,
+    # which has no template for it (a 500).
+    path(
+        "api/docs/",
+        SpectacularSwaggerView.as_view(url_name="schema", http_method_names=["get", "head"]),
+        name="docs",
+    ),
 ]
 
 handler400 = "apps.core.apis.bad_request"

@@ -26,7 +26,14 @@ from inference.errors import (
     TokenizerUnavailable,
     UpstreamProtocolError,
 )
-from inference.prompt import SYSTEM_PROMPT, Passage, Prompt, assemble_prompt, render_passages
+from inference.prompt import (
+    MAX_CHARS_PER_TOKEN,
+    SYSTEM_PROMPT,
+    Passage,
+    Prompt,
+    assemble_prompt,
+    render_passages,
+)
 from inference.reasoning import ThinkSplitter
 from inference.scheduler import FairQueue, Lease, LocalScheduler, RedisScheduler, Scheduler
 from inference.tokenizers import (
@@ -36,11 +43,13 @@ from inference.tokenizers import (
     HFTokenizer,
     RemoteTokenizer,
     Tokenizer,
+    escape_control_tokens,
     load_tokenizer,
     smollm2_gguf_path,
 )
 
 __all__ = [
+    "MAX_CHARS_PER_TOKEN",
     "SYSTEM_PROMPT",
     "ChatMessage",
     "ChatRequest",
@@ -74,6 +83,7 @@ __all__ = [
     "UpstreamProtocolError",
     "UpstreamUsage",
     "assemble_prompt",
+    "escape_control_tokens",
     "load_tokenizer",
     "render_passages",
     "smollm2_gguf_path",

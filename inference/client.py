@@ -17,7 +17,7 @@ import random
 import ssl
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
-from contextlib import aclosing
+from contextlib import aclosing, suppress
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -131,6 +131,9 @@ class OpenAIClient:
             headers=headers,
             transport=transport,
             verify=_ssl_context(),
+            # Shared by every answer of a process: the app's queue bounds what reaches the
+            # tier, not the pool; idle connections are kept for the next answers.
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
             timeout=httpx.Timeout(
                 connect=self.timeouts.connect,
                 read=self.timeouts.idle,
@@ -185,7 +188,7 @@ class OpenAIClient:
                 if response.status_code != 200:
                     body = (await response.aread()).decode("utf-8", "replace")
                     raise _status_error(response.status_code, body, response.headers)
-                lines = response.aiter_lines()
+                lines = _sse_lines(response.aiter_bytes())
                 first = True
                 done = False
                 while not done:
@@ -210,12 +213,52 @@ class OpenAIClient:
                         yield event
                 if not done:
                     raise UpstreamProtocolError("the stream ended without [DONE]")
+                await _drain(lines)
                 for kind, text in splitter.flush():
                     yield ReasoningDelta(text) if kind == "reasoning" else TextDelta(text)
         except httpx.TimeoutException as exc:
             raise InferenceTimeout(f"inference tier timed out: {exc!r}") from exc
         except httpx.HTTPError as exc:
             raise InferenceUnavailable(f"inference tier connection failed: {exc!r}") from exc
+
+
+MAX_LINE_BYTES = 8 * 1024 * 1024  # a 2 MB token passes; a 10 MB line is refused
+
+
+async def _drain(lines: AsyncIterator[str], seconds: float = 1.0) -> None:
+    """Read what follows ``[DONE]`` (normally only the body's end), so that the connection
+    goes back to the pool for the next answer; one that does not end soon is closed."""
+    with suppress(TimeoutError, httpx.HTTPError):
+        async with asyncio.timeout(seconds):
+            async for _ in lines:
+                pass
+
+
+async def _sse_lines(chunks: AsyncIterator[bytes]) -> AsyncGenerator[str]:
+    """The lines of an event stream, split on LF only (a CR before it is dropped).
+
+    ``str.splitlines``, and so httpx's ``aiter_lines``, also ends a line at U+2028, U+2029,
+    U+0085 and other separators that a tier's JSON carries unescaped inside a string: a
+    token holding one would cut its chunk in two. LF never occurs inside a multi-byte UTF-8
+    sequence, so bytes are split first and each whole line decoded once.
+    """
+    pending: list[bytes] = []
+    size = 0
+    async for chunk in chunks:
+        *complete, rest = chunk.split(b"\n")
+        for part in complete:
+            pending.append(part)
+            line = b"".join(pending)
+            pending.clear()
+            size = 0
+            yield line.removesuffix(b"\r").decode("utf-8", "replace")
+        if rest:
+            pending.append(rest)
+            size += len(rest)
+            if size > MAX_LINE_BYTES:
+                raise UpstreamProtocolError(f"a stream line is over {MAX_LINE_BYTES} bytes")
+    if pending:
+        yield b"".join(pending).removesuffix(b"\r").decode("utf-8", "replace")
 
 
 def _data(line: str) -> str | None:

@@ -10,6 +10,14 @@ inference tier uses and counts the *templated* prompt, exactly as the tier will 
 - :class:`RemoteTokenizer` — asks the tier itself (vLLM's ``/tokenize``; one HTTP call
   per count);
 - :class:`FakeTokenizer` — deterministic, for unit tests.
+
+Content is plain text. A tier renders the template and tokenizes the whole prompt with
+special tokens parsed, so ``<|im_start|>system`` inside a question or a document would
+reach the model as a real role marker. Every tokenizer here therefore has
+:meth:`Tokenizer.escape`: each string its vocabulary reads as a special token gets a word
+joiner (U+2060) after its first character, which leaves it visible but ordinary text.
+:func:`inference.assemble_prompt` sends escaped contents, and ``count_chat`` counts
+escaped contents; only the template's own markers are special tokens.
 """
 
 from __future__ import annotations
@@ -17,7 +25,7 @@ from __future__ import annotations
 import functools
 import importlib
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TypedDict, runtime_checkable
 
@@ -35,11 +43,57 @@ class ChatMessage(TypedDict):
 class Tokenizer(Protocol):
     name: str
 
+    def escape(self, text: str) -> str:
+        """``text`` as plain text for this vocabulary: every special-token string in it is
+        broken by a word joiner, so no tier parses it as one. Idempotent."""
+
     def count(self, text: str) -> int:
-        """Tokens of ``text`` alone: no template and no BOS (special tokens in it count as one)."""
+        """Tokens of ``text`` alone, as plain text: no template, no BOS, no special token."""
 
     def count_chat(self, messages: Sequence[ChatMessage]) -> int:
-        """Tokens of the prompt the model sees for ``messages``, generation prompt included."""
+        """Tokens of the prompt the model sees for ``messages``, generation prompt included:
+        the template's role markers are special tokens, the contents plain text (escaped
+        as :meth:`escape` does, as :func:`inference.assemble_prompt` sends them)."""
+
+
+WORD_JOINER = "\u2060"
+
+# The control tokens of the common chat-template families, for a tokenizer whose
+# vocabulary is not at hand (the tier's /tokenize): ChatML, Llama 3, Phi and Harmony
+# (<|im_start|>, <|eot_id|>, <|end|>), DeepSeek (the same with fullwidth bars), Llama 2
+# and Mistral (<s>, [INST], <<SYS>>, [SYSTEM_PROMPT]), Gemma (<start_of_turn>), <unk>.
+CONTROL_TOKENS = re.compile(
+    r"<\|[^\s<>|]{1,64}\|>"
+    r"|<\uff5c[^\s<>\uff5c]{1,64}\uff5c>"
+    r"|</?s>|<unk>|<pad>|<bos>|<eos>|<(?:start|end)_of_turn>|<</?SYS>>"
+    r"|\[/?(?:INST|SYSTEM_PROMPT|AVAILABLE_TOOLS|TOOL_RESULTS|TOOL_CALLS)\]"
+)
+
+
+def _break(match: re.Match[str]) -> str:
+    token = match.group()
+    return token[0] + WORD_JOINER + token[1:]
+
+
+def escape_control_tokens(text: str, pattern: re.Pattern[str] = CONTROL_TOKENS) -> str:
+    """``text`` with every match of ``pattern`` broken by a word joiner after its first
+    character: still readable, no longer a special token to any tokenizer."""
+    return pattern.sub(_break, text)
+
+
+def special_tokens_pattern(tokens: Iterable[str]) -> re.Pattern[str] | None:
+    """A pattern matching any of ``tokens`` (longest first); None when there are none.
+    One-character tokens cannot be broken and are left out."""
+    found = sorted({t for t in tokens if len(t) > 1}, key=len, reverse=True)
+    return re.compile("|".join(map(re.escape, found))) if found else None
+
+
+FRAGMENT_CACHE_CHARS = 4_000_000
+"""How many characters of prompt pieces :class:`GGUFTokenizer` keeps counts of."""
+
+
+def _escaped(messages: Sequence[ChatMessage], escape: Callable[[str], str]) -> list[ChatMessage]:
+    return [{"role": m["role"], "content": escape(m["content"])} for m in messages]
 
 
 def smollm2_gguf_path() -> Path:
@@ -83,17 +137,98 @@ class GGUFTokenizer:
             stop_token_ids=[vocab.token_eos()],
         )
         self.name = model_path.stem
+        self._read_vocabulary()
+        self._fragment_counts: dict[str, int] = {}
+        self._fragment_chars = 0
+
+    def _read_vocabulary(self) -> None:
+        import llama_cpp
+
+        model = self._llama._model
+        self._vocab = model.vocab
+        # llama.cpp matches its control and unknown tokens in text only with special=True
+        # (those are what escaping breaks); user-defined ones in any text, like words.
+        special = llama_cpp.LLAMA_TOKEN_ATTR_CONTROL | llama_cpp.LLAMA_TOKEN_ATTR_UNKNOWN
+        matched = special | llama_cpp.LLAMA_TOKEN_ATTR_USER_DEFINED
+        strips = llama_cpp.LLAMA_TOKEN_ATTR_LSTRIP | llama_cpp.LLAMA_TOKEN_ATTR_RSTRIP
+        attributes = {
+            str(model.token_get_text(i)): model.token_get_attr(i)
+            for i in range(self._llama.n_vocab())
+        }
+        found = {text: a for text, a in attributes.items() if a & matched}
+        self._specials = special_tokens_pattern(t for t, a in found.items() if a & special)
+        # llama.cpp cuts a BPE prompt at every matched token and tokenizes the pieces
+        # apart, so a prompt's count is its cuts plus its pieces' counts; pieces repeat
+        # (role headers, the history of the turn before), so their counts are kept.
+        # Tokens that strip the spaces beside them would break that sum: count whole.
+        by_pieces = model.vocab_type() == llama_cpp.LLAMA_VOCAB_TYPE_BPE
+        self._cuts = (
+            re.compile("|".join(map(re.escape, sorted(found, key=len, reverse=True))))
+            if by_pieces and found and not any(a & strips for a in found.values())
+            else None
+        )
+
+    def escape(self, text: str) -> str:
+        return escape_control_tokens(text, self._specials) if self._specials else text
 
     def render(self, messages: Sequence[ChatMessage]) -> str:
-        return str(self._formatter(messages=list(messages)).prompt)
+        """The templated prompt for ``messages``, contents escaped."""
+        return str(self._formatter(messages=_escaped(messages, self.escape)).prompt)
+
+    def encode(self, text: str) -> list[int]:
+        ids: list[int] = self._llama.tokenize(
+            self.escape(text).encode("utf-8"), add_bos=False, special=False
+        )
+        return ids
+
+    def encode_chat(self, messages: Sequence[ChatMessage]) -> list[int]:
+        """The token ids the server feeds the model for ``messages``."""
+        # The formatter's template already wrote any BOS: the server adds none. Special
+        # tokens are parsed, and after escaping only the template's markers are any.
+        ids: list[int] = self._llama.tokenize(
+            self.render(messages).encode("utf-8"), add_bos=False, special=True
+        )
+        return ids
+
+    def _count(self, text: str, *, special: bool) -> int:
+        """Tokens of ``text``, without writing them anywhere: given no room, llama.cpp
+        answers minus the count."""
+        import llama_cpp
+
+        data = text.encode("utf-8")
+        n = int(llama_cpp.llama_tokenize(self._vocab, data, len(data), None, 0, False, special))
+        return -n if n < 0 else n
+
+    def _count_piece(self, piece: str) -> int:
+        count = self._fragment_counts.get(piece)
+        if count is None:
+            count = self._count(piece, special=False)
+            # Threads may race here: a count is the same whoever computes it, and the
+            # bound on characters kept is loose by at most the pieces in flight.
+            if self._fragment_chars + len(piece) > FRAGMENT_CACHE_CHARS:
+                self._fragment_counts.clear()
+                self._fragment_chars = 0
+            if len(piece) <= FRAGMENT_CACHE_CHARS:
+                self._fragment_counts[piece] = count
+                self._fragment_chars += len(piece)
+        return count
 
     def count(self, text: str) -> int:
-        return len(self._llama.tokenize(text.encode("utf-8"), add_bos=False, special=True))
+        return self._count(self.escape(text), special=False)
 
     def count_chat(self, messages: Sequence[ChatMessage]) -> int:
         prompt = self.render(messages)
-        # The formatter's template already wrote any BOS: the server adds none.
-        return len(self._llama.tokenize(prompt.encode("utf-8"), add_bos=False, special=True))
+        if self._cuts is None:
+            return self._count(prompt, special=True)
+        total, start = 0, 0
+        for cut in self._cuts.finditer(prompt):
+            if cut.start() > start:
+                total += self._count_piece(prompt[start : cut.start()])
+            total += 1
+            start = cut.end()
+        if start < len(prompt):
+            total += self._count_piece(prompt[start:])
+        return total
 
 
 class HFTokenizer:
@@ -106,21 +241,44 @@ class HFTokenizer:
             raise TokenizerUnavailable(f"tokenizer folder {path} does not exist")
         self._tokenizer: Any = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
         self.name = Path(path).name
+        # Added tokens are matched in text whatever their flag; the special ones are the
+        # template's markers (a non-special added token may be plain whitespace).
+        added = self._tokenizer.added_tokens_decoder.values()
+        self._specials = special_tokens_pattern(
+            [*self._tokenizer.all_special_tokens, *(t.content for t in added if t.special)]
+        )
+
+    def escape(self, text: str) -> str:
+        return escape_control_tokens(text, self._specials) if self._specials else text
+
+    def encode(self, text: str) -> list[int]:
+        ids: list[int] = self._tokenizer(
+            self.escape(text), add_special_tokens=False, split_special_tokens=True
+        )["input_ids"]
+        return ids
+
+    def encode_chat(self, messages: Sequence[ChatMessage]) -> list[int]:
+        ids = self._tokenizer.apply_chat_template(
+            _escaped(messages, self.escape), add_generation_prompt=True, tokenize=True
+        )
+        # A BatchEncoding (a Mapping, not a dict) in recent transformers, a list before.
+        return list(ids["input_ids"] if isinstance(ids, Mapping) else ids)
 
     def count(self, text: str) -> int:
-        return len(self._tokenizer(text, add_special_tokens=False)["input_ids"])
+        return len(self.encode(text))
 
     def count_chat(self, messages: Sequence[ChatMessage]) -> int:
-        ids = self._tokenizer.apply_chat_template(
-            list(messages), add_generation_prompt=True, tokenize=True
-        )
-        return len(ids["input_ids"] if isinstance(ids, dict) else ids)
+        return len(self.encode_chat(messages))
 
 
 class RemoteTokenizer:
     """Asks the tier to count: vLLM's ``POST /tokenize`` (at the server root, not under
     ``/v1``) applies the served model's chat template to ``messages``. One HTTP call per
-    count: use it when the tokenizer files are not at hand."""
+    count: use it when the tokenizer files are not at hand.
+
+    The vocabulary is not at hand either, so :meth:`escape` breaks the control tokens of
+    the common template families (:data:`CONTROL_TOKENS`); vLLM parses special tokens in
+    the text it is sent whatever ``add_special_tokens`` says (that flag is about BOS)."""
 
     def __init__(
         self,
@@ -143,14 +301,19 @@ class RemoteTokenizer:
         except (httpx.HTTPError, KeyError, ValueError) as exc:
             raise TokenizerUnavailable(f"the tier could not count tokens: {exc!r}") from exc
 
+    def escape(self, text: str) -> str:
+        return escape_control_tokens(text)
+
     def count(self, text: str) -> int:
-        return self._count({"prompt": text, "add_special_tokens": False})
+        return self._count({"prompt": self.escape(text), "add_special_tokens": False})
 
     def count_chat(self, messages: Sequence[ChatMessage]) -> int:
-        return self._count({"messages": list(messages), "add_generation_prompt": True})
+        escaped = _escaped(messages, self.escape)
+        return self._count({"messages": escaped, "add_generation_prompt": True})
 
 
-_WORD = re.compile(r"\w+|[^\w\s]", re.UNICODE)
+# Like a real vocabulary, the fake reads an unescaped <|name|> as one special token.
+_WORD = re.compile(r"<\|\w+\|>|\w+|[^\w\s]", re.UNICODE)
 
 
 class FakeTokenizer:
@@ -161,8 +324,11 @@ class FakeTokenizer:
     def __init__(self, **_: object) -> None:
         pass
 
+    def escape(self, text: str) -> str:
+        return escape_control_tokens(text)
+
     def count(self, text: str) -> int:
-        return len(_WORD.findall(text))
+        return len(_WORD.findall(self.escape(text)))
 
     def count_chat(self, messages: Sequence[ChatMessage]) -> int:
         return sum(3 + self.count(m["content"]) for m in messages) + 2

@@ -21,6 +21,10 @@ from retrieval.parsing import Block, ParsedDocument
 
 TokenCounter = Callable[[str], int]
 
+MAX_CHARS_PER_TOKEN = 32
+"""Text is never counted as fewer tokens than one per this many characters (English runs
+at four or five), which bounds a chunk's length in characters as well as in tokens."""
+
 _SENTENCE_END = re.compile(r"(?<=[.!?;:])\s+(?=\S)")
 
 
@@ -48,6 +52,8 @@ class _Unit:
     paragraph: int
     text: str
     tokens: int
+    glued: bool = False
+    """The unit continues the previous one's word (a piece of an over-long word)."""
 
 
 def chunk_document(
@@ -116,42 +122,78 @@ def _pack(
 
 
 def _split(text: str, paragraph: int, count_tokens: TokenCounter, budget: int) -> Iterator[_Unit]:
-    """A paragraph as one unit if it fits, else as sentences, else as word windows."""
-    tokens = count_tokens(text)
-    if tokens <= budget:
-        yield _Unit(paragraph, text, tokens)
+    """A paragraph as one unit if it fits, else as sentences, else as word windows.
+
+    Every character is counted a bounded number of times, so the work is linear in the
+    paragraph's length whatever its shape (one 1 MiB "word" was quadratic).
+    """
+    whole = _cost(text, count_tokens)
+    if whole <= budget:
+        yield _Unit(paragraph, text, whole)
         return
     for sentence in _SENTENCE_END.split(text):
-        tokens = count_tokens(sentence)
+        # A paragraph of one sentence of one word (a blob) is counted once, not thrice.
+        tokens = whole if sentence == text else _cost(sentence, count_tokens)
         if tokens <= budget:
             yield _Unit(paragraph, sentence, tokens)
             continue
         window: list[str] = []
         used = 0
+        glued = False  # the window starts with the last piece of a cut word
         for word in sentence.split():
-            size = count_tokens(word)
+            size = tokens if word == sentence else _cost(word, count_tokens)
             if window and used + size > budget:
-                yield _Unit(paragraph, " ".join(window), used)
-                window, used = [], 0
-            # A single "word" longer than the budget (a base64 blob) is cut by characters.
-            while size > budget:
-                cut = max(1, len(word) * budget // size)
-                yield _Unit(paragraph, word[:cut], count_tokens(word[:cut]))
-                word = word[cut:]
-                size = count_tokens(word)
+                yield _Unit(paragraph, " ".join(window), used, glued)
+                window, used, glued = [], 0, False
+            if size > budget:  # a single "word" longer than the budget (a base64 blob)
+                *pieces, (word, size) = _cut(word, size, count_tokens, budget)
+                for number, (piece, cost) in enumerate(pieces):
+                    yield _Unit(paragraph, piece, cost, glued=number > 0)
+                glued = bool(pieces)
             window.append(word)
             used += size
         if window:
-            yield _Unit(paragraph, " ".join(window), used)
+            yield _Unit(paragraph, " ".join(window), used, glued)
+
+
+def _cost(text: str, count_tokens: TokenCounter) -> int:
+    """Tokens, or one per :data:`MAX_CHARS_PER_TOKEN` characters if that is more: a tokenizer
+    that reads a 1 MiB word as one ``[UNK]`` must not make a 1 MiB chunk."""
+    return max(count_tokens(text), -(-len(text) // MAX_CHARS_PER_TOKEN))
+
+
+def _cut(word: str, size: int, count_tokens: TokenCounter, budget: int) -> list[tuple[str, int]]:
+    """``word`` (costing ``size`` > ``budget``) in consecutive pieces of at most ``budget``.
+
+    The piece length is estimated once from the whole word and only shrunk for a piece
+    that still costs too much: re-counting the rest of the word after every cut was
+    quadratic in its length.
+    """
+    step = max(1, len(word) * budget // size)
+    pieces: list[tuple[str, int]] = []
+    start = 0
+    while start < len(word):
+        piece = word[start : start + step]
+        cost = _cost(piece, count_tokens)
+        while cost > budget and len(piece) > 1:
+            piece = piece[: min(len(piece) - 1, max(1, len(piece) * budget // cost))]
+            cost = _cost(piece, count_tokens)
+        pieces.append((piece, cost))
+        start += len(piece)
+    return pieces
 
 
 def _join(units: list[_Unit]) -> str:
-    parts: list[str] = []
+    """Units of one paragraph joined by a space (pieces of one word by nothing), paragraphs
+    by a blank line."""
+    paragraphs: list[list[str]] = []
     previous = -1
     for unit in units:
-        if parts and unit.paragraph == previous:
-            parts[-1] += " " + unit.text
+        if paragraphs and unit.paragraph == previous and unit.glued:
+            paragraphs[-1][-1] += unit.text  # at most a chunk's worth of pieces
+        elif paragraphs and unit.paragraph == previous:
+            paragraphs[-1].append(unit.text)
         else:
-            parts.append(unit.text)
+            paragraphs.append([unit.text])
         previous = unit.paragraph
-    return "\n\n".join(parts)
+    return "\n\n".join(" ".join(parts) for parts in paragraphs)

@@ -10,6 +10,7 @@ import io
 import re
 from dataclasses import dataclass, field
 from pathlib import PurePath
+from typing import Any, TypedDict
 
 from retrieval.errors import DocumentTooLarge, UnsupportedDocument
 
@@ -28,12 +29,22 @@ MEDIA_TYPES: dict[str, str] = {
     ".pdf": PDF,
 }
 
+MAX_HEADING_CHARS = 200
+"""A heading longer than this is cut: it is repeated in every chunk and citation under it."""
+
 
 @dataclass(frozen=True, slots=True)
 class Block:
     text: str
     headings: tuple[str, ...] = ()
     page: int | None = None
+
+
+class StoredBlocks(TypedDict):
+    """The JSON form of a document's blocks: each heading path once, blocks referring to it."""
+
+    headings: list[list[str]]
+    blocks: list[tuple[str, int, int | None]]
 
 
 @dataclass(slots=True)
@@ -45,6 +56,25 @@ class ParsedDocument:
     @property
     def char_count(self) -> int:
         return sum(len(block.text) for block in self.blocks)
+
+    def to_json(self) -> StoredBlocks:
+        """The blocks as JSON whose size is proportional to the text: a heading path is
+        written once and referred to by position, never copied into every paragraph."""
+        paths: dict[tuple[str, ...], int] = {}
+        blocks = [
+            (block.text, paths.setdefault(block.headings, len(paths)), block.page)
+            for block in self.blocks
+        ]
+        return {"headings": [list(path) for path in paths], "blocks": blocks}
+
+    @classmethod
+    def from_json(cls, stored: StoredBlocks | list[Any], *, title: str) -> ParsedDocument:
+        """The inverse of :meth:`to_json`; also reads the older ``[text, headings, page]``
+        rows, which repeated the headings in every block."""
+        if isinstance(stored, list):
+            return cls(title, [Block(text, tuple(path), page) for text, path, page in stored])
+        paths = [tuple(path) for path in stored["headings"]]
+        return cls(title, [Block(text, paths[ref], page) for text, ref, page in stored["blocks"]])
 
 
 def detect_media_type(filename: str, head: bytes) -> str:
@@ -71,21 +101,43 @@ def pdf_page_count(data: bytes) -> int:
 
 
 def parse_document(
-    data: bytes, *, media_type: str, title: str, max_pages: int | None = None
+    data: bytes,
+    *,
+    media_type: str,
+    title: str,
+    max_pages: int | None = None,
+    max_chars: int | None = None,
 ) -> ParsedDocument:
+    """Blocks of ``data`` in time and memory linear in its size.
+
+    Raises :class:`DocumentTooLarge` (``too_many_pages``) for a PDF of more than
+    ``max_pages`` pages before reading any page, and (``document_too_large``) past
+    ``max_chars`` characters of text; a PDF stops being read at the page that passes it.
+    """
     if media_type == PDF:
-        return _parse_pdf(data, title=title, max_pages=max_pages)
+        return _parse_pdf(data, title=title, max_pages=max_pages, max_chars=max_chars)
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise UnsupportedDocument("text files must be UTF-8 encoded") from exc
     if media_type == MARKDOWN:
-        return _parse_markdown(text, title=title)
-    if media_type == HTML:
-        return _parse_html(text, title=title)
-    if media_type == TEXT:
-        return ParsedDocument(title=title, blocks=[Block(p) for p in _paragraphs(text)])
-    raise UnsupportedDocument(f"unsupported media type {media_type!r}")
+        document = _parse_markdown(text, title=title)
+    elif media_type == HTML:
+        document = _parse_html(text, title=title)
+    elif media_type == TEXT:
+        document = ParsedDocument(title=title, blocks=[Block(p) for p in _paragraphs(text)])
+    else:
+        raise UnsupportedDocument(f"unsupported media type {media_type!r}")
+    if max_chars is not None and document.char_count > max_chars:
+        raise _too_many_chars(document.char_count, max_chars)
+    return document
+
+
+def _too_many_chars(count: int, limit: int, *, more: bool = False) -> DocumentTooLarge:
+    has = f"more than {count}" if more else str(count)
+    return DocumentTooLarge(
+        f"the document has {has} characters; the limit is {limit}", code="document_too_large"
+    )
 
 
 def _paragraphs(text: str) -> list[str]:
@@ -93,8 +145,32 @@ def _paragraphs(text: str) -> list[str]:
     return [p for p in paragraphs if p]
 
 
-_HEADING = re.compile(r"^(#{1,6})\s+(.+?)\s*#*\s*$")
 _FENCE = re.compile(r"^(```|~~~)")
+
+
+def _heading(line: str) -> tuple[int, str] | None:
+    """An ATX heading's level and text, in one pass over the line.
+
+    It reads what ``^(#{1,6})\\s+(.+?)\\s*#*\\s*$`` matched, without that regex's cubic
+    backtracking on a run of spaces (a 12,000-space line took hours), and cut to
+    :data:`MAX_HEADING_CHARS`.
+    """
+    if not line.startswith("#"):
+        return None
+    level = len(line) - len(line.lstrip("#"))
+    rest = line[level:]
+    if not 1 <= level <= 6 or not rest[:1].isspace():
+        return None
+    content = rest.lstrip()
+    if not content:  # only spaces after the hashes: the regex kept the last one
+        return (level, rest[-1]) if len(rest) > 1 else None
+    # The shortest non-empty text that leaves spaces, closing hashes and spaces behind.
+    end = max(1, len(content.rstrip().rstrip("#").rstrip()))
+    return level, _bounded(content[:end])
+
+
+def _bounded(heading: str) -> str:
+    return heading if len(heading) <= MAX_HEADING_CHARS else heading[:MAX_HEADING_CHARS].rstrip()
 
 
 def _parse_markdown(text: str, *, title: str) -> ParsedDocument:
@@ -104,31 +180,38 @@ def _parse_markdown(text: str, *, title: str) -> ParsedDocument:
     in_fence = False
 
     def flush() -> None:
-        path = tuple(h for _, h in headings)
-        blocks.extend(Block(p, path) for p in _paragraphs("\n".join(lines)))
+        if not lines:
+            return
+        paragraphs = _paragraphs("\n".join(lines))
         lines.clear()
+        if paragraphs:
+            path = tuple(h for _, h in headings)  # one tuple, shared by the section's blocks
+            blocks.extend(Block(p, path) for p in paragraphs)
 
     for line in text.splitlines():
         if _FENCE.match(line.strip()):
             in_fence = not in_fence
-        match = None if in_fence else _HEADING.match(line)
-        if match is None:
+        heading = None if in_fence or not line.startswith("#") else _heading(line)
+        if heading is None:
             lines.append(line)
             continue
         flush()
-        level, heading = len(match.group(1)), match.group(2)
+        level = heading[0]
         while headings and headings[-1][0] >= level:
             headings.pop()
-        headings.append((level, heading))
+        headings.append(heading)
     flush()
     # A leading H1 is the document's own title, not a section of it.
     first = headings[0][1] if headings else None
     if text.lstrip().startswith("# ") and first is not None:
         title = title or first
-        blocks = [
-            Block(b.text, b.headings[1:] if b.headings[:1] == (first,) else b.headings)
-            for b in blocks
-        ]
+        trimmed: dict[tuple[str, ...], tuple[str, ...]] = {}  # each shorter path made once
+        for number, block in enumerate(blocks):
+            if block.headings[:1] == (first,):
+                path = trimmed.get(block.headings)
+                if path is None:
+                    path = trimmed[block.headings] = block.headings[1:]
+                blocks[number] = Block(block.text, path)
     return ParsedDocument(title=title, blocks=blocks)
 
 
@@ -137,7 +220,7 @@ _HTML_BLOCKS = ("p", "li", "pre", "blockquote", "td", "th", "dt", "dd", "figcapt
 
 
 def _parse_html(text: str, *, title: str) -> ParsedDocument:
-    from bs4 import BeautifulSoup
+    from bs4 import BeautifulSoup, Tag
 
     soup = BeautifulSoup(text, "html.parser")
     for tag in soup(["script", "style", "noscript", "template", "nav"]):
@@ -146,43 +229,57 @@ def _parse_html(text: str, *, title: str) -> ParsedDocument:
         title = soup.title.string.strip()
     blocks: list[Block] = []
     headings: list[tuple[int, str]] = []
-    for element in soup.find_all((*_HTML_HEADINGS, *_HTML_BLOCKS)):
-        # Nested blocks (a <p> inside an <li>) are read once, through the outermost.
-        if element.find_parent(_HTML_BLOCKS):
-            continue
-        content = re.sub(r"\s+", " ", element.get_text(" ")).strip()
-        if not content:
-            continue
-        if element.name in _HTML_HEADINGS:
-            level = int(element.name[1])
-            while headings and headings[-1][0] >= level:
-                headings.pop()
-            headings.append((level, content))
-        else:
-            blocks.append(Block(content, tuple(h for _, h in headings)))
+    path: tuple[str, ...] = ()
+    # One walk in document order, reading each element's text once: a block is read whole
+    # through the outermost one (a <p> inside an <li>) and not entered; a heading inside a
+    # heading is part of the outer one's text. Asking every element for its ancestors, or
+    # every nested heading for its text, made this quadratic in the nesting depth.
+    pending: list[tuple[Tag, bool]] = [(soup, False)]
+    while pending:
+        element, in_heading = pending.pop()
+        is_heading = element.name in _HTML_HEADINGS and not in_heading
+        if element.name in _HTML_BLOCKS or is_heading:
+            content = re.sub(r"\s+", " ", element.get_text(" ")).strip()
+            if content and is_heading:
+                level = int(element.name[1])
+                while headings and headings[-1][0] >= level:
+                    headings.pop()
+                headings.append((level, _bounded(content)))
+                path = tuple(h for _, h in headings)
+            elif content:
+                blocks.append(Block(content, path))
+            if not is_heading:
+                continue
+        children = [child for child in element.contents if isinstance(child, Tag)]
+        pending.extend((child, in_heading or is_heading) for child in reversed(children))
     if not blocks:  # markup without block elements: fall back to its visible text
         blocks = [Block(p) for p in _paragraphs(soup.get_text("\n"))]
     return ParsedDocument(title=title, blocks=blocks)
 
 
-def _parse_pdf(data: bytes, *, title: str, max_pages: int | None) -> ParsedDocument:
+def _parse_pdf(
+    data: bytes, *, title: str, max_pages: int | None, max_chars: int | None
+) -> ParsedDocument:
     from pypdf import PdfReader
     from pypdf.errors import PdfReadError
 
     try:
         reader = PdfReader(io.BytesIO(data))
-        page_count = len(reader.pages)
+        page_count = len(reader.pages)  # from the page tree; no page is read yet
         if max_pages is not None and page_count > max_pages:
             raise DocumentTooLarge(
                 f"the PDF has {page_count} pages; the limit is {max_pages}", code="too_many_pages"
             )
         if not title and reader.metadata and reader.metadata.title:
             title = str(reader.metadata.title)
-        blocks = [
-            Block(paragraph, page=number)
-            for number, page in enumerate(reader.pages, start=1)
-            for paragraph in _paragraphs(page.extract_text() or "")
-        ]
+        blocks: list[Block] = []
+        chars = 0
+        for number, page in enumerate(reader.pages, start=1):
+            for paragraph in _paragraphs(page.extract_text() or ""):
+                blocks.append(Block(paragraph, page=number))
+                chars += len(paragraph)
+            if max_chars is not None and chars > max_chars:
+                raise _too_many_chars(chars, max_chars, more=number < page_count)
     except (PdfReadError, ValueError, KeyError) as exc:
         raise UnsupportedDocument(f"not a readable PDF: {exc}") from exc
     return ParsedDocument(title=title, blocks=blocks, page_count=page_count)

@@ -8,31 +8,35 @@ from typing import Any
 
 from django.conf import settings
 from django.http import HttpResponseBase
-from drf_spectacular.utils import OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import serializers, status
 from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from apps.accounts.permissions import get_caller
+from apps.accounts.permissions import TeamRateThrottle, get_caller
 from apps.chat import selectors, services
 from apps.chat.events import event_store
 from apps.chat.models import Conversation, Message
-from apps.chat.services.types import Done
+from apps.chat.services.sweep import abandoned_error, answer_longest_seconds
+from apps.chat.services.types import Done, Failed
 from apps.chat.sse import (
     PING,
     PING_SECONDS,
     EventStreamRenderer,
     event_stream_response,
     frame_stored,
+    last_event_id,
 )
 from apps.chat.wire import NativeWire, answer_respond
 from apps.core.aio import AsyncApiView, db_call
 from apps.core.pagination import Pagination
-from apps.core.validation import validated
+from apps.core.schema import event_stream
+from apps.core.validation import MAX_ID, message_length_check, validated
 
 REPLAY_POLL_SECONDS = 0.2
+ANSWER_EVENTS = ["message", "retrieval", "delta", "reasoning", "usage", "error", "done"]
 
 
 class MessageOutput(serializers.ModelSerializer[Message]):
@@ -87,22 +91,31 @@ class ConversationDetailOutput(ConversationOutput):
 
 class ConversationListCreateApi(APIView):
     required_scopes = {"GET": "read", "POST": "chat"}
+    pagination_class = Pagination
 
     class InputSerializer(serializers.Serializer[dict[str, Any]]):
         title = serializers.CharField(max_length=200, required=False, default="", allow_blank=True)
         collections = serializers.ListField(
-            child=serializers.IntegerField(min_value=1), required=False, max_length=100
+            child=serializers.IntegerField(min_value=1, max_value=MAX_ID),
+            required=False,
+            max_length=100,
         )
 
     @extend_schema(responses=ConversationOutput(many=True))
     def get(self, request: Request) -> Response:
         """The team's conversations, most recent first."""
-        paginator = Pagination()
+        paginator = self.pagination_class()
         conversations = selectors.conversation_list(team=get_caller(request).team)
         page = paginator.paginate_queryset(conversations, request, view=self)
         return paginator.get_paginated_response(ConversationOutput(page, many=True).data)
 
-    @extend_schema(request=InputSerializer, responses={201: ConversationOutput})
+    @extend_schema(
+        request=InputSerializer,
+        responses={
+            201: ConversationOutput,
+            404: OpenApiResponse(description="not_found: a collection named is not the team's"),
+        },
+    )
     def post(self, request: Request) -> Response:
         """Start a conversation, optionally limited to some collections."""
         data = validated(self.InputSerializer, request)
@@ -148,9 +161,11 @@ class ConversationMessageCreateApi(AsyncApiView):
     renderer_classes = [JSONRenderer, EventStreamRenderer]
 
     class InputSerializer(serializers.Serializer[dict[str, Any]]):
-        content = serializers.CharField(max_length=settings.MAX_QUERY_CHARS * 8)
+        content = serializers.CharField()
         collections = serializers.ListField(
-            child=serializers.IntegerField(min_value=1), required=False, max_length=100
+            child=serializers.IntegerField(min_value=1, max_value=MAX_ID),
+            required=False,
+            max_length=100,
         )
         model = serializers.CharField(required=False, max_length=64)
         max_tokens = serializers.IntegerField(required=False, min_value=1)
@@ -160,13 +175,18 @@ class ConversationMessageCreateApi(AsyncApiView):
         stream = serializers.BooleanField(required=False, default=False)
         reasoning = serializers.BooleanField(required=False, default=False)
 
+        def validate_content(self, content: str) -> str:
+            # Its length is a question of context length: the model's window decides.
+            message_length_check(content, param="content")
+            return content
+
     @extend_schema(
         request=InputSerializer,
         responses={
-            201: AnswerOutput,
-            200: OpenApiResponse(
-                description="text/event-stream: message, retrieval, delta, "
-                "reasoning, usage, error, done"
+            (201, "application/json"): AnswerOutput,
+            (200, "text/event-stream"): event_stream(
+                "Server-Sent Events: message, retrieval, delta, reasoning, usage, error, done",
+                events=ANSWER_EVENTS,
             ),
             400: OpenApiResponse(
                 description="context_length_exceeded, max_tokens_too_large (the model's or "
@@ -216,20 +236,50 @@ class ConversationMessageCreateApi(AsyncApiView):
 
 class MessageEventsApi(APIView):
     required_scopes = {"GET": "read"}
-    renderer_classes = [EventStreamRenderer, JSONRenderer]
+    # JSON first: an error for a client that did not ask for the stream is application/json.
+    renderer_classes = [JSONRenderer, EventStreamRenderer]
 
-    @extend_schema(responses={200: OpenApiResponse(description="text/event-stream")})
+    @extend_schema(
+        parameters=[
+            OpenApiParameter(
+                "Last-Event-ID",
+                str,
+                OpenApiParameter.HEADER,
+                pattern=r"^[0-9]{1,18}$",
+                description="resume after this event id",
+            ),
+            OpenApiParameter(
+                "last_event_id",
+                str,
+                pattern=r"^[0-9]{1,18}$",
+                description="resume after this event id (for EventSource, which cannot "
+                "set the header); the header wins",
+            ),
+        ],
+        responses={
+            (200, "text/event-stream"): event_stream(
+                "Server-Sent Events: the message's events after the given id, then live until done",
+                events=ANSWER_EVENTS,
+            )
+        },
+    )
     def get(self, request: Request, message_id: int) -> HttpResponseBase:
         """Replay an answer's events after ``Last-Event-ID`` (header or ``?last_event_id=``),
         following it live until ``done`` if it is still streaming."""
+        after = last_event_id(
+            request.headers.get("Last-Event-ID"), request.query_params.get("last_event_id")
+        )
         message = selectors.message_get(team=get_caller(request).team, message_id=message_id)
-        raw = request.headers.get("Last-Event-ID") or request.query_params.get("last_event_id")
-        after = int(raw) if raw and raw.isdigit() else 0
         return event_stream_response(_replay(message.pk, after))
 
 
 async def _replay(message_id: int, after: int) -> AsyncIterator[bytes]:
-    """Stored events after ``after``; while the answer is still streaming, poll for more."""
+    """Stored events after ``after``; while the answer is still streaming, poll for more.
+
+    Bounded: an answer still ``streaming`` past the longest an answer can last was
+    abandoned by its process. An answer whose last events were never stored (its process
+    stopped, or the journal could not write) ends from its row: ``error``, then ``done``.
+    """
     store = event_store()
     quiet = 0.0
     try:
@@ -243,9 +293,20 @@ async def _replay(message_id: int, after: int) -> AsyncIterator[bytes]:
             if events:
                 quiet = 0.0
                 continue
-            streaming = await db_call(selectors.message_is_streaming)(message_id=message_id)
-            if not streaming and not await store.after(message_id, after):
-                return  # finished (or abandoned) and nothing more to send
+            state = await db_call(selectors.message_state)(message_id=message_id)
+            ended = state.status != Message.Status.STREAMING
+            abandoned = not ended and state.age_seconds > answer_longest_seconds()
+            if ended or abandoned:
+                if await store.after(message_id, after):
+                    continue  # its last events arrived meanwhile
+                error = abandoned_error() if abandoned else state.error
+                if error:
+                    after += 1
+                    yield frame_stored(after, Failed.name, error)
+                finish_reason = "error" if abandoned else state.finish_reason or "stop"
+                done = Done(message_id=message_id, finish_reason=finish_reason)
+                yield frame_stored(after + 1, done.name, done.data())
+                return
             await asyncio.sleep(REPLAY_POLL_SECONDS)
             quiet += REPLAY_POLL_SECONDS
             if quiet >= PING_SECONDS:
@@ -258,7 +319,7 @@ async def _replay(message_id: int, after: int) -> AsyncIterator[bytes]:
 class MessageCancelApi(APIView):
     required_scopes = {"POST": "chat"}
 
-    @extend_schema(request=None, responses=MessageOutput)
+    @extend_schema(request=None, responses={202: MessageOutput})
     def post(self, request: Request, message_id: int) -> Response:
         """Stop a running answer; the tokens generated so far are billed."""
         message = selectors.message_get(team=get_caller(request).team, message_id=message_id)
@@ -268,6 +329,8 @@ class MessageCancelApi(APIView):
 
 class TokenizeApi(APIView):
     required_scopes = {"POST": "read"}
+    throttle_classes = [TeamRateThrottle]
+    throttle_scope = "tokenize"
 
     class InputSerializer(serializers.Serializer[dict[str, Any]]):
         text = serializers.CharField(
@@ -279,7 +342,13 @@ class TokenizeApi(APIView):
         model = serializers.CharField()
         tokens = serializers.IntegerField()
 
-    @extend_schema(request=InputSerializer, responses=OutputSerializer)
+    @extend_schema(
+        request=InputSerializer,
+        responses={
+            200: OutputSerializer,
+            404: OpenApiResponse(description="model_not_found: no such model alias"),
+        },
+    )
     def post(self, request: Request) -> Response:
         """Count ``text`` with the served model's own tokenizer."""
         data = validated(self.InputSerializer, request)

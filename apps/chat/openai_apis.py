@@ -12,6 +12,7 @@ from typing import Any
 
 from django.conf import settings
 from django.http import HttpResponseBase
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import serializers
 from rest_framework.renderers import JSONRenderer
@@ -25,19 +26,34 @@ from apps.chat.sse import EventStreamRenderer
 from apps.chat.wire import OpenAIWire, answer_respond
 from apps.core.aio import AsyncApiView, db_call
 from apps.core.exceptions import InvalidRequest
-from apps.core.validation import validated
+from apps.core.schema import event_stream
+from apps.core.validation import MAX_ID, chat_messages_check, validated
 from inference import ChatMessage
+
+
+class MessageListInput(serializers.ListSerializer[dict[str, Any]]):
+    """``messages``: how many (``RAGTIER_MAX_CHAT_MESSAGES``) and how long each
+    (``RAGTIER_MAX_MESSAGE_CHARS``), checked before any one is validated or counted."""
+
+    def to_internal_value(self, data: Any) -> list[dict[str, Any]]:
+        chat_messages_check(data, param=self.field_name or "messages")
+        return super().to_internal_value(data)
 
 
 class MessageInput(serializers.Serializer[dict[str, Any]]):
     role = serializers.ChoiceField(choices=["system", "developer", "user", "assistant"])
     content = serializers.CharField(allow_blank=True, trim_whitespace=False)
 
+    class Meta:
+        list_serializer_class = MessageListInput
+
 
 class RagInput(serializers.Serializer[dict[str, Any]]):
     enabled = serializers.BooleanField(default=True)
     collections = serializers.ListField(
-        child=serializers.IntegerField(min_value=1), required=False, max_length=100
+        child=serializers.IntegerField(min_value=1, max_value=MAX_ID),
+        required=False,
+        max_length=100,
     )
     top_k = serializers.IntegerField(min_value=0, max_value=settings.MAX_TOP_K, default=5)
 
@@ -62,8 +78,20 @@ class ChatCompletionsApi(AsyncApiView):
     @extend_schema(
         request=InputSerializer,
         responses={
-            200: OpenApiResponse(
-                description="chat.completion, or a stream of chat.completion.chunk then [DONE]"
+            (200, "application/json"): OpenApiResponse(
+                response=OpenApiTypes.OBJECT, description="chat.completion"
+            ),
+            (200, "text/event-stream"): event_stream(
+                "with stream: chat.completion.chunk events, then [DONE]"
+            ),
+            400: OpenApiResponse(
+                description="context_length_exceeded, max_tokens_too_large, too_many_messages"
+            ),
+            404: OpenApiResponse(description="model_not_found: no such model alias"),
+            429: OpenApiResponse(
+                description="key_tokens_per_minute, team_tokens_per_minute, "
+                "team_quota_exceeded, key_quota_exceeded, too_many_concurrent_streams; "
+                "Retry-After and x-ratelimit-{limit,remaining,reset}-tokens"
             ),
             502: OpenApiResponse(description="inference_unavailable: the tier failed"),
             503: OpenApiResponse(
@@ -106,7 +134,11 @@ class ChatCompletionsApi(AsyncApiView):
 class ModelListApi(APIView):
     required_scopes = {"GET": "chat"}
 
-    @extend_schema(responses={200: OpenApiResponse(description="OpenAI model list")})
+    @extend_schema(
+        responses={
+            200: OpenApiResponse(response=OpenApiTypes.OBJECT, description="OpenAI model list")
+        }
+    )
     def get(self, request: Request) -> Response:
         """The model aliases this deployment serves."""
         return Response(

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 from django.db.models import QuerySet
+from django.utils import timezone
 
 from apps.accounts.models import Team
 from apps.chat.models import Conversation, Message
@@ -27,5 +31,18 @@ def message_get(*, team: Team, message_id: int) -> Message:
     return message
 
 
-def message_is_streaming(*, message_id: int) -> bool:
-    return Message.objects.filter(pk=message_id, status=Message.Status.STREAMING).exists()
+@dataclass(frozen=True)
+class MessageState:
+    status: str
+    finish_reason: str
+    error: dict[str, Any] | None
+    age_seconds: float
+
+
+def message_state(*, message_id: int) -> MessageState:
+    """How an answer stands, for a replay following it."""
+    row = Message.objects.filter(pk=message_id).values(
+        "status", "finish_reason", "error", "created_at"
+    )[0]
+    age = (timezone.now() - row.pop("created_at")).total_seconds()
+    return MessageState(**row, age_seconds=age)

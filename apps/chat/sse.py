@@ -16,6 +16,7 @@ from rest_framework.renderers import BaseRenderer
 from sse_starlette import ServerSentEvent
 
 from apps.chat.services import AnswerEvent
+from apps.core.exceptions import InvalidRequest
 
 PING_SECONDS = 15.0
 PING = ServerSentEvent(comment="ping").encode()
@@ -43,14 +44,47 @@ def frame(event: AnswerEvent) -> bytes:
 def frame_stored(seq: int, name: str, data: dict[str, Any]) -> bytes:
     # Model text only ever travels inside JSON, so no text can forge an event.
     return ServerSentEvent(
-        data=json.dumps(data, ensure_ascii=False), event=name, id=str(seq)
+        data=_escape_separators(json.dumps(data, ensure_ascii=False)), event=name, id=str(seq)
     ).encode()
 
 
 def frame_data(body: Any) -> bytes:
     """A bare ``data:`` frame (the OpenAI wire): JSON, or ``[DONE]`` as is."""
     data = body if isinstance(body, str) else json.dumps(body, ensure_ascii=False)
-    return ServerSentEvent(data=data).encode()
+    return ServerSentEvent(data=_escape_separators(data)).encode()
+
+
+def _escape_separators(data: str) -> str:
+    """U+2028, U+2029 and U+0085 as JSON escapes. SSE ends lines only at CR and LF, but
+    many line readers (``str.splitlines``, httpx's ``aiter_lines``, some SDKs) also end
+    them here, and would cut a ``data:`` line in two. In JSON these characters occur only
+    inside strings, where the escape means the same character. Non-ASCII text otherwise
+    stays raw (``ensure_ascii`` would double a CJK frame); the membership tests cost far
+    less than the encode around them."""
+    if "\u2028" in data or "\u2029" in data or "\x85" in data:
+        return (
+            data.replace("\u2028", "\\u2028")
+            .replace("\u2029", "\\u2029")
+            .replace("\x85", "\\u0085")
+        )
+    return data
+
+
+def last_event_id(header: str | None, query: str | None = None) -> int:
+    """The event id a client resumes after (``Last-Event-ID``, else ``?last_event_id=``),
+    0 when neither is given. Anything but 1 to 18 ASCII digits is a 400: ``str.isdigit``
+    and ``int`` accept other scripts' digits (``int`` then fails on some, such as
+    superscripts), and a longer number overflows the database's integer."""
+    raw, param = (header, "Last-Event-ID") if header else (query, "last_event_id")
+    if not raw:
+        return 0
+    if len(raw) > 18 or not raw.isascii() or not raw.isdigit():
+        raise InvalidRequest(
+            f"{param} must be an event id: ASCII digits, at most 18.",
+            code="invalid_value",
+            param=param,
+        )
+    return int(raw)
 
 
 async def with_pings(

@@ -25,8 +25,8 @@ from django.db import connections
 from django.http import HttpRequest, HttpResponseBase
 from rest_framework.views import APIView
 
-# Longer than any blocking call the app makes on a shared client (the queue's waits).
-REDIS_SOCKET_TIMEOUT = 10.0
+# How long a command waits for a free connection when the pool is busy.
+REDIS_POOL_TIMEOUT = 10.0
 REDIS_MAX_CONNECTIONS = 64
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -77,12 +77,15 @@ def loop_cached(fn: Callable[P, R]) -> Callable[P, R]:
 def redis_client(url: str, *, purpose: str = "shared") -> redis.asyncio.Redis:
     """One async Redis client per URL, ``purpose`` and event loop, shared by every answer:
     not a connection per open stream. Its pool is bounded and, when every connection is
-    busy, waits for one (redis-py's default pool would refuse: "Too many connections")."""
+    busy, waits for one (redis-py's default pool would refuse: "Too many connections").
+    Connect and every command are bounded (``REDIS_CONNECT_TIMEOUT``,
+    ``REDIS_SOCKET_TIMEOUT``); the queue's pub/sub waits pass their own, shorter timeout."""
     pool = redis.asyncio.BlockingConnectionPool.from_url(
         url,
         max_connections=REDIS_MAX_CONNECTIONS,
-        timeout=REDIS_SOCKET_TIMEOUT,
-        socket_timeout=REDIS_SOCKET_TIMEOUT,
+        timeout=REDIS_POOL_TIMEOUT,
+        socket_connect_timeout=settings.REDIS_CONNECT_TIMEOUT,
+        socket_timeout=settings.REDIS_SOCKET_TIMEOUT,
     )
     return redis.asyncio.Redis(connection_pool=pool)
 

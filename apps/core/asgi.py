@@ -15,9 +15,11 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.staticfiles import finders
+from django.core.exceptions import SuspiciousFileOperation
 from django.utils._os import safe_join
-from starlette.responses import FileResponse, PlainTextResponse
+from starlette.responses import FileResponse, JSONResponse
 
+from apps.core.exceptions import error_body
 from apps.core.limits import body_limit
 
 Scope = MutableMapping[str, Any]
@@ -108,18 +110,32 @@ class StaticFiles:
             await self.app(scope, receive, send)
             return
         found = self.find(path.removeprefix(self.prefix))
-        response = FileResponse(found) if found else PlainTextResponse("Not found", status_code=404)
+        response = FileResponse(found) if found else JSONResponse(_NOT_FOUND, status_code=404)
         await response(scope, receive, send)
 
     @staticmethod
     def find(relative: str) -> str | None:
-        if not relative or relative.endswith("/"):
+        """The file ``relative`` names, or None for anything that is not a plain relative
+        path to a file: ``..``, ``.`` or empty segments, absolute paths, backslashes and NUL
+        (the server has already decoded ``%2e%2e`` and friends). Django's finders would
+        raise for some of these (SuspiciousFileOperation, ValueError): a 500, not a 404."""
+        if not _plain_relative(relative):
             return None
-        if settings.STATIC_ROOT:
-            try:
-                candidate = safe_join(str(settings.STATIC_ROOT), relative)
-            except Exception:
-                return None
-            return candidate if os.path.isfile(candidate) else None
-        found = finders.find(relative)
-        return found if isinstance(found, str) else None
+        try:
+            if settings.STATIC_ROOT:
+                candidate: str | None = safe_join(str(settings.STATIC_ROOT), relative)
+            else:
+                found = finders.find(relative)
+                candidate = found if isinstance(found, str) else None
+            return candidate if candidate and os.path.isfile(candidate) else None
+        except (SuspiciousFileOperation, ValueError, OSError):
+            return None
+
+
+_NOT_FOUND = error_body(type="not_found_error", code="not_found", message="No such file.")
+
+
+def _plain_relative(path: str) -> bool:
+    if not path or "\\" in path or "\x00" in path:
+        return False
+    return all(part not in ("", ".", "..") for part in path.split("/"))

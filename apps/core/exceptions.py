@@ -11,6 +11,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+import redis.exceptions
+from django import db
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import RequestDataTooBig
 from django.http import Http404
@@ -76,6 +78,9 @@ class UpstreamError(ApplicationError):
         self.status = status
 
 
+DEPENDENCY_RETRY_SECONDS = 2
+
+
 class Overloaded(ApplicationError):
     """Nothing failed, but the service cannot take this request now: retry later."""
 
@@ -104,6 +109,9 @@ def error_response(
         error_body(type=type, code=code, message=message, param=param),
         status=status,
         headers=dict(headers or {}),
+        # JSON whatever the negotiated renderer (a client that asked for an event stream
+        # gets its error as JSON too, and every renderer here writes JSON).
+        content_type="application/json",
     )
 
 
@@ -112,6 +120,18 @@ def as_application_error(exc: Exception) -> ApplicationError | None:
     match exc:
         case ApplicationError():
             return exc
+        case db.OperationalError() | db.InterfaceError():  # unreachable, restarting, full
+            return Overloaded(
+                "The database is unavailable; retry shortly.",
+                code="database_unavailable",
+                headers=retry_after_header(DEPENDENCY_RETRY_SECONDS),
+            )
+        case redis.exceptions.ConnectionError() | redis.exceptions.TimeoutError():
+            return Overloaded(
+                "Redis is unavailable; retry shortly.",
+                code="redis_unavailable",
+                headers=retry_after_header(DEPENDENCY_RETRY_SECONDS),
+            )
         case inference.ContextLengthExceeded():
             return InvalidRequest(str(exc), code="context_length_exceeded", param="messages")
         case inference.InferenceError() if exc.status == 503:
@@ -155,10 +175,21 @@ def as_application_error(exc: Exception) -> ApplicationError | None:
             error.status = 406
             return error
         case drf.Throttled():
-            error = ApplicationError(str(exc.detail), code="rate_limited")
+            error = ApplicationError(
+                str(exc.detail), code="rate_limited", headers=retry_after_header(exc.wait)
+            )
             error.status, error.type = 429, "rate_limit_error"
             return error
     return None
+
+
+def mid_stream_error(exc: Exception) -> ApplicationError:
+    """What a stream says in-band when ``exc`` stops it after its first byte."""
+    error = as_application_error(exc)
+    if error is None:
+        error = ApplicationError("The server failed; it has been logged.", code="internal_error")
+        error.status, error.type = 500, "server_error"
+    return error
 
 
 def _auth_error(code: str, message: str) -> ApplicationError:

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 from django.conf import settings
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import serializers, status
-from rest_framework.parsers import JSONParser, MultiPartParser
+from rest_framework.parsers import MultiPartParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from apps.accounts.permissions import get_caller
 from apps.core.pagination import Pagination
-from apps.core.validation import validated
+from apps.core.parsers import JSONParser
+from apps.core.validation import MAX_ID, validated
 from apps.knowledge import selectors, services
 from apps.knowledge.models import Collection, Document
 
@@ -53,6 +54,7 @@ class DocumentOutput(serializers.ModelSerializer[Document]):
 
 class CollectionListCreateApi(APIView):
     required_scopes = {"GET": "read", "POST": "ingest"}
+    pagination_class = Pagination
 
     class InputSerializer(serializers.Serializer[dict[str, str]]):
         name = serializers.CharField(max_length=200)
@@ -63,13 +65,19 @@ class CollectionListCreateApi(APIView):
     @extend_schema(responses=CollectionOutput(many=True))
     def get(self, request: Request) -> Response:
         """The caller's team's collections, by name."""
-        paginator = Pagination()
+        paginator = self.pagination_class()
         page = paginator.paginate_queryset(
             selectors.collection_list(team=get_caller(request).team), request, view=self
         )
         return paginator.get_paginated_response(CollectionOutput(page, many=True).data)
 
-    @extend_schema(request=InputSerializer, responses={201: CollectionOutput})
+    @extend_schema(
+        request=InputSerializer,
+        responses={
+            201: CollectionOutput,
+            400: OpenApiResponse(description="already_exists: the team has a collection so named"),
+        },
+    )
     def post(self, request: Request) -> Response:
         """Create a collection: a set of documents with its own vector index."""
         data = validated(self.InputSerializer, request)
@@ -98,9 +106,27 @@ class CollectionDetailApi(APIView):
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
+class DocumentFileInput(serializers.Serializer[dict[str, object]]):
+    """A document as a multipart upload."""
+
+    file = serializers.FileField(
+        allow_empty_file=True, help_text="txt, md, html or pdf; its type is read from its bytes"
+    )
+    title = serializers.CharField(max_length=300, required=False, default="", allow_blank=True)
+
+
+class DocumentTextInput(serializers.Serializer[dict[str, object]]):
+    """A document as JSON text."""
+
+    title = serializers.CharField(max_length=300)
+    text = serializers.CharField(allow_blank=True, trim_whitespace=False)
+    format = serializers.ChoiceField(choices=["text", "markdown"], default="text")
+
+
 class CollectionDocumentsApi(APIView):
     required_scopes = {"GET": "read", "POST": "ingest"}
     parser_classes = [MultiPartParser, JSONParser]
+    pagination_class = Pagination
 
     class InputSerializer(serializers.Serializer[dict[str, object]]):
         file = serializers.FileField(required=False, allow_empty_file=True)
@@ -134,13 +160,24 @@ class CollectionDocumentsApi(APIView):
         collection = selectors.collection_get(
             team=get_caller(request).team, collection_id=collection_id
         )
-        paginator = Pagination()
+        paginator = self.pagination_class()
         page = paginator.paginate_queryset(
             selectors.document_list(collection=collection), request, view=self
         )
         return paginator.get_paginated_response(DocumentOutput(page, many=True).data)
 
-    @extend_schema(request=InputSerializer, responses={202: DocumentOutput, 200: DocumentOutput})
+    @extend_schema(
+        request={"multipart/form-data": DocumentFileInput, "application/json": DocumentTextInput},
+        responses={
+            202: DocumentOutput,
+            200: DocumentOutput,
+            413: OpenApiResponse(description="file_too_large, payload_too_large"),
+            415: OpenApiResponse(
+                description="unsupported_file_type (not txt, md, html or pdf), "
+                "unsupported_media_type"
+            ),
+        },
+    )
     def post(self, request: Request, collection_id: int) -> Response:
         """Add a document (multipart ``file``: txt, md, html, pdf; or JSON ``{title, text}``).
 
@@ -204,14 +241,23 @@ class SearchApi(APIView):
     class InputSerializer(serializers.Serializer[dict[str, object]]):
         query = serializers.CharField(max_length=settings.MAX_QUERY_CHARS)
         collections = serializers.ListField(
-            child=serializers.IntegerField(min_value=1),
+            child=serializers.IntegerField(min_value=1, max_value=MAX_ID),
             required=False,
             allow_empty=False,
             max_length=100,
         )
         top_k = serializers.IntegerField(min_value=1, max_value=settings.MAX_TOP_K, default=5)
 
-    @extend_schema(request=InputSerializer, responses=SearchOutput)
+    @extend_schema(
+        request=InputSerializer,
+        responses={
+            200: SearchOutput,
+            404: OpenApiResponse(description="not_found: a collection named is not the team's"),
+            429: OpenApiResponse(
+                description="the query's embedding tokens do not fit the team's or key's limits"
+            ),
+        },
+    )
     def post(self, request: Request) -> Response:
         """Retrieval only: the chunks closest to ``query``, best first, across the caller's
         collections (all of them unless ``collections`` names some)."""

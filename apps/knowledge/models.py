@@ -60,6 +60,24 @@ class Document(models.Model):
     stage = models.CharField(max_length=16, choices=Stage.choices, default=Stage.PARSE)
     progress = models.PositiveSmallIntegerField(default=0)
     attempts = models.PositiveSmallIntegerField(default=0)
+    enqueued_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        editable=False,
+        help_text="when the document last joined the ingestion line (its team's order)",
+    )
+    dispatched_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        editable=False,
+        help_text="when the fair dispatcher handed it to the workers; empty while it waits",
+    )
+    lost_deliveries = models.PositiveSmallIntegerField(
+        default=0,
+        editable=False,
+        help_text="deliveries of the current stage that started and never finished (the "
+        "worker process died); the document is quarantined when they reach the limit",
+    )
     page_count = models.PositiveIntegerField(null=True, blank=True)
     chunk_count = models.PositiveIntegerField(default=0)
     embedding_tokens = models.PositiveBigIntegerField(default=0)
@@ -85,7 +103,19 @@ class Document(models.Model):
                 fields=["collection", "content_hash"], name="document_unique_collection_content"
             )
         ]
-        indexes = [models.Index(fields=["status", "updated_at"])]
+        indexes = [
+            models.Index(fields=["status", "updated_at"]),
+            # The fair dispatcher's line: each team's waiting documents, oldest first.
+            models.Index(
+                fields=["team", "enqueued_at"],
+                condition=models.Q(
+                    status__in=["queued", "processing"],
+                    enqueued_at__isnull=False,
+                    dispatched_at__isnull=True,
+                ),
+                name="document_waiting_line",
+            ),
+        ]
 
     def __str__(self) -> str:
         return self.title

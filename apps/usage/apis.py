@@ -7,6 +7,7 @@ from typing import Any
 
 from django.conf import settings
 from django.utils import timezone
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import serializers
 from rest_framework.request import Request
@@ -39,11 +40,19 @@ class UsageApi(APIView):
 
     @extend_schema(
         parameters=[
-            OpenApiParameter("start", str, description="first day (YYYY-MM-DD), inclusive"),
-            OpenApiParameter("end", str, description="last day (YYYY-MM-DD), inclusive"),
+            OpenApiParameter(
+                "start", OpenApiTypes.DATE, description="first day (YYYY-MM-DD), inclusive"
+            ),
+            OpenApiParameter(
+                "end", OpenApiTypes.DATE, description="last day (YYYY-MM-DD), inclusive"
+            ),
             OpenApiParameter("group_by", str, enum=list(GROUPS)),
         ],
-        responses={200: OpenApiResponse(description="token sums, requests, cost, energy")},
+        responses={
+            200: OpenApiResponse(
+                response=OpenApiTypes.OBJECT, description="token sums, requests, cost, energy"
+            )
+        },
     )
     def get(self, request: Request) -> Response:
         """Token sums and cost for the caller's team, grouped by day, model, key or kind.
@@ -60,7 +69,13 @@ class UsageApi(APIView):
 class QuotaApi(APIView):
     required_scopes = {"GET": "read"}
 
-    @extend_schema(responses={200: OpenApiResponse(description="limits and what remains")})
+    @extend_schema(
+        responses={
+            200: OpenApiResponse(
+                response=OpenApiTypes.OBJECT, description="limits and what remains"
+            )
+        }
+    )
     def get(self, request: Request) -> Response:
         """The token limits that apply to the caller (team and key): the bucket's capacity,
         refill rate and tokens available now; each period quota's use and reset time."""

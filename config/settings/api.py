@@ -14,13 +14,20 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["apps.accounts.permissions.HasScope"],
     "DEFAULT_PARSER_CLASSES": [
-        "rest_framework.parsers.JSONParser",
+        # DRF's, with a nesting limit (a deep body would otherwise be a 500).
+        "apps.core.parsers.JSONParser",
         "rest_framework.parsers.MultiPartParser",
     ],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "EXCEPTION_HANDLER": "apps.core.exceptions.api_exception_handler",
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    # An answer's form is chosen by Accept (or "stream"), never by ?format=, which would
+    # label JSON bodies and errors text/event-stream.
+    "URL_FORMAT_OVERRIDE": None,
+    # drf-spectacular's, with the error responses every operation shares (apps.core.schema).
+    "DEFAULT_SCHEMA_CLASS": "apps.core.schema.AutoSchema",
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+    # Endpoints that cost CPU but no tokens (counting text), per team and process.
+    "DEFAULT_THROTTLE_RATES": {"tokenize": env.str("TOKENIZE_RATE", default="600/minute")},
 }
 
 SPECTACULAR_SETTINGS = {

@@ -23,6 +23,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "drf_spectacular",
     "drf_spectacular_sidecar",
+    "axes",
     "apps.core",
     "apps.accounts",
     "apps.knowledge",
@@ -31,14 +32,17 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
-    "django.middleware.security.SecurityMiddleware",
+    # Django's own, run on the event loop under ASGI (see apps.core.middleware).
+    "apps.core.middleware.SecurityMiddleware",
     "apps.core.middleware.BodySizeLimitMiddleware",
-    "django.contrib.sessions.middleware.SessionMiddleware",
-    "django.middleware.common.CommonMiddleware",
-    "django.middleware.csrf.CsrfViewMiddleware",
-    "django.contrib.auth.middleware.AuthenticationMiddleware",
-    "django.contrib.messages.middleware.MessageMiddleware",
-    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "apps.core.middleware.SessionMiddleware",
+    "apps.core.middleware.CommonMiddleware",
+    "apps.core.middleware.CsrfViewMiddleware",
+    "apps.core.middleware.AuthenticationMiddleware",
+    "apps.core.middleware.MessageMiddleware",
+    "apps.core.middleware.XFrameOptionsMiddleware",
+    # Last, as axes asks: turns a locked-out login into 429 (async-capable: no thread hop).
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "config.urls"
@@ -119,5 +123,7 @@ from config.settings.api import *  # noqa: E402, F403
 from config.settings.celery import *  # noqa: E402, F403
 from config.settings.inference import *  # noqa: E402, F403
 from config.settings.limits import *  # noqa: E402, F403
+from config.settings.login import *  # noqa: E402, F403
+from config.settings.redis import *  # noqa: E402, F403
 from config.settings.retrieval import *  # noqa: E402, F403
 from config.settings.usage import *  # noqa: E402, F403

@@ -3,15 +3,33 @@
 Tasks acknowledge late and are rejected back to the queue when a worker dies, so a
 crash re-delivers instead of losing work; every stage is idempotent to make that safe.
 The broker's visibility timeout is longer than the hard time limit, or Redis would hand
-a still-running task to a second worker.
+a still-running task to a second worker. (The on-disk broker keeps a delivered message
+only in the worker's memory: a lost pool child re-delivers it, but a killed worker loses
+it, and the stalled sweep re-queues its document.)
 """
 
 from config.env import DATA_DIR, env
+from config.settings.redis import REDIS_CONNECT_TIMEOUT, REDIS_SOCKET_TIMEOUT
 
 REDIS_URL = env.str("REDIS_URL", default="")
 
-CELERY_TASK_TIME_LIMIT = env.int("CELERY_TASK_TIME_LIMIT", default=30 * 60)
-CELERY_TASK_SOFT_TIME_LIMIT = CELERY_TASK_TIME_LIMIT - 60
+# Per task, and so per ingestion stage (the embed stage works in slices well inside them).
+# Past the soft limit the stage is interrupted in the worker and the document fails with
+# `time_limit_exceeded`; the hard limit catches what ignores the soft one (C code holding
+# the interpreter): the pool kills the child process and the delivery counts as lost.
+# Both need the prefork pool: the solo pool has no child to interrupt or kill.
+CELERY_TASK_TIME_LIMIT = env.int("CELERY_TASK_TIME_LIMIT", default=11 * 60)
+CELERY_TASK_SOFT_TIME_LIMIT = env.int(
+    "CELERY_TASK_SOFT_TIME_LIMIT", default=max(CELERY_TASK_TIME_LIMIT - 60, 1)
+)
+# A pool child that has grown past this (KiB) is replaced once its task ends, so one huge
+# document's high-water mark is not kept by the worker for every later one.
+CELERY_WORKER_MAX_MEMORY_PER_CHILD = env.int("CELERY_WORKER_MAX_MEMORY_MB", default=2048) * 1024
+# A hard cap (MiB, 0 = none) on a pool child's data memory, set when the child starts: an
+# allocation past it raises MemoryError in the stage, and the document fails with
+# `out_of_memory` instead of the kernel's OOM killer taking the worker. Off by default: the
+# embedding model, a large collection's index copy and a GPU runtime all count towards it.
+WORKER_CHILD_MEMORY_LIMIT_MB = env.int("WORKER_CHILD_MEMORY_LIMIT_MB", default=0)
 
 _broker_dir = DATA_DIR / "broker"
 CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default=REDIS_URL or "filesystem://")
@@ -20,9 +38,18 @@ CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = (
         "data_folder_in": str(_broker_dir),
         "data_folder_out": str(_broker_dir),
         "control_folder": str(DATA_DIR / "broker-control"),
+        # kombu looks for the next message after this long (default 1 s): one stage per
+        # second at most, when a small document's stages take milliseconds.
+        "polling_interval": 0.1,
     }
     if CELERY_BROKER_URL.startswith("filesystem")
-    else {"visibility_timeout": CELERY_TASK_TIME_LIMIT * 2}
+    else {
+        "visibility_timeout": CELERY_TASK_TIME_LIMIT * 2,
+        # Longer than kombu's 1 s BRPOP: a web process enqueueing a task to a hung Redis
+        # waits this long, not forever.
+        "socket_timeout": REDIS_SOCKET_TIMEOUT,
+        "socket_connect_timeout": REDIS_CONNECT_TIMEOUT,
+    }
 )
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_ALWAYS_EAGER = env.bool("CELERY_TASK_ALWAYS_EAGER", default=False)
@@ -36,9 +63,27 @@ CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TIMEZONE = "UTC"
 CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
 
+# Ingestion is fair across teams: queued documents wait in their team's line, and the
+# dispatcher gives each free place among this many documents with the workers to the team
+# with the fewest there (0: no cap, first come first served). About the workers' total
+# concurrency, or twice it, keeps them busy; more lets one team's backlog crowd the queue.
+INGEST_MAX_IN_FLIGHT = env.int("INGEST_MAX_IN_FLIGHT", default=4)
+# The embed stage hands the worker back after a batch that ends past this, and queues the
+# rest behind the other documents' stages: well inside the soft limit, fair to other teams.
+INGEST_EMBED_SLICE_SECONDS = env.float(
+    "INGEST_EMBED_SLICE_SECONDS", default=min(60.0, CELERY_TASK_SOFT_TIME_LIMIT / 2)
+)
+# A stage delivered this many times, each of which died with its worker process (a crash,
+# the OOM killer, the hard time limit), is not run again: the document is quarantined as
+# failed with `worker_crashed`.
+DOCUMENT_MAX_LOST_DELIVERIES = env.int("DOCUMENT_MAX_LOST_DELIVERIES", default=3)
+
 # A document whose stage has not moved for this long is re-queued (or failed after
-# DOCUMENT_MAX_ATTEMPTS) by the periodic sweep below.
-DOCUMENT_STALL_SECONDS = env.int("DOCUMENT_STALL_SECONDS", default=CELERY_TASK_TIME_LIMIT + 60)
+# DOCUMENT_MAX_ATTEMPTS) by the periodic sweep below. A stage may wait its turn behind one
+# stage of each other document with the workers.
+DOCUMENT_STALL_SECONDS = env.int(
+    "DOCUMENT_STALL_SECONDS", default=CELERY_TASK_TIME_LIMIT * max(INGEST_MAX_IN_FLIGHT, 1) + 60
+)
 DOCUMENT_MAX_ATTEMPTS = env.int("DOCUMENT_MAX_ATTEMPTS", default=3)
 
 CELERY_BEAT_SCHEDULE = {
@@ -50,5 +95,10 @@ CELERY_BEAT_SCHEDULE = {
     "reservations-release-expired": {
         "task": "apps.usage.tasks.reservations_release_expired_task",
         "schedule": 60.0,
+    },
+    # Answers left streaming by a process that died are closed as failed.
+    "messages-close-abandoned": {
+        "task": "apps.chat.tasks.messages_close_abandoned_task",
+        "schedule": 300.0,
     },
 }

@@ -1,6 +1,7 @@
 """Limits every endpoint enforces before doing expensive work (API.md defaults)."""
 
 from config.env import env
+from config.settings.inference import MODEL_ALIASES
 
 MAX_JSON_BODY_BYTES = env.int("RAGTIER_MAX_JSON_BODY_BYTES", default=1024 * 1024)
 MAX_UPLOAD_BYTES = env.int("RAGTIER_MAX_UPLOAD_BYTES", default=25 * 1024 * 1024)
@@ -11,6 +12,25 @@ MAX_COLLECTIONS_PER_TEAM = env.int("RAGTIER_MAX_COLLECTIONS_PER_TEAM", default=1
 MAX_QUERY_CHARS = env.int("RAGTIER_MAX_QUERY_CHARS", default=4000)
 MAX_TOP_K = env.int("RAGTIER_MAX_TOP_K", default=50)
 MAX_PAGE_SIZE = env.int("RAGTIER_MAX_PAGE_SIZE", default=100)
+
+# The chat surfaces check these before anything is counted with the tokenizer.
+# /v1/chat/completions: at most this many messages (400 too_many_messages).
+MAX_CHAT_MESSAGES = env.int("RAGTIER_MAX_CHAT_MESSAGES", default=1000)
+# A generous bound on the characters one token covers (English averages about four): a
+# window of n tokens holds at most n times this many characters.
+MAX_CHARS_PER_TOKEN = env.int("RAGTIER_MAX_CHARS_PER_TOKEN", default=16)
+# One message longer than this fits no configured context window: 400
+# context_length_exceeded. A window read from the tier is unknown here; then only the
+# body limit bounds a message, and the model's own window is checked before counting.
+_windows = [config.get("context_window") for config in MODEL_ALIASES.values()]
+MAX_MESSAGE_CHARS = env.int(
+    "RAGTIER_MAX_MESSAGE_CHARS",
+    default=(
+        MAX_CHARS_PER_TOKEN * max(int(str(w)) for w in _windows)
+        if all(_windows)
+        else MAX_JSON_BODY_BYTES
+    ),
+)
 
 # Django's own guards agree with ours, for the paths that bypass the ASGI limit (tests, WSGI).
 DATA_UPLOAD_MAX_MEMORY_SIZE = MAX_JSON_BODY_BYTES

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import httpx
@@ -213,3 +213,74 @@ async def test_request_body_asks_for_usage_and_streaming() -> None:
     assert seen[0]["stream"] is True
     assert seen[0]["stream_options"] == {"include_usage": True}
     assert seen[0]["max_tokens"] == 12
+
+
+def with_line_separators(transcript: bytes) -> bytes:
+    """The recorded vLLM stream with U+2028, U+2029 and U+0085 inside its tokens, written
+    raw as vLLM's JSON does (not escaped)."""
+    text = transcript.decode()
+    for old, new in (
+        ('"content":" there"', '"content":"\u2028there"'),
+        ('"content":" nice"', '"content":" nice\u2029"'),
+        ('"content":" to"', '"content":" \x85to"'),
+    ):
+        assert old in text
+        text = text.replace(old, new)
+    return text.encode()
+
+
+async def test_line_separators_inside_tokens_survive_intact() -> None:
+    """SSE ends lines at LF (and CRLF) only: ``str.splitlines`` would cut these chunks."""
+    body = with_line_separators(wire("vllm-0.30/chat_stream_usage.sse"))
+    events = await collect(client_for(sse(body)))
+    text = "".join(e.text for e in events if isinstance(e, TextDelta))
+    assert text == "Hello\u2028there, nice\u2029 \x85to meet you!"
+    assert events[-1] == UpstreamUsage(prompt_tokens=35, completion_tokens=9)
+
+
+@pytest.mark.parametrize("size", [1, 3, 7, 64])
+async def test_lines_split_across_reads_with_crlf(size: int) -> None:
+    """Chunk boundaries anywhere (inside a UTF-8 character, between CR and LF) change
+    nothing."""
+    body = with_line_separators(wire("vllm-0.30/chat_stream_usage.sse")).replace(b"\n", b"\r\n")
+
+    async def pieces():  # type: ignore[no-untyped-def]
+        for start in range(0, len(body), size):
+            yield body[start : start + size]
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=pieces(), headers={"content-type": "text/event-stream"})
+
+    events = await collect(client_for(handler))
+    text = "".join(e.text for e in events if isinstance(e, TextDelta))
+    assert text == "Hello\u2028there, nice\u2029 \x85to meet you!"
+    assert Finished("stop") in events
+
+
+class TrackedBody(httpx.AsyncByteStream):
+    """A response body that records whether it was read to its end."""
+
+    def __init__(self, *chunks: bytes) -> None:
+        self.chunks = chunks
+        self.read_to_end = False
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for chunk in self.chunks:
+            yield chunk
+        self.read_to_end = True
+
+
+async def test_the_body_is_read_past_done_so_the_connection_is_kept() -> None:
+    """httpx closes a connection whose response is closed unread; one read to its end goes
+    back to the pool for the next answer (a new connection costs milliseconds of TTFT)."""
+    transcript = wire("llama-cpp-python-0.3.36/chat_stream.sse")
+    done = transcript.index(b"data: [DONE]")
+    body = TrackedBody(transcript[:done], transcript[done:], b"")
+    client = client_for(
+        lambda request: httpx.Response(
+            200, stream=body, headers={"content-type": "text/event-stream"}
+        )
+    )
+    events = await collect(client)
+    assert any(isinstance(event, TextDelta) for event in events)
+    assert body.read_to_end

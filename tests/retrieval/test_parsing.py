@@ -1,15 +1,22 @@
 import io
+import json
+import re
 
+import pypdf
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from retrieval import (
+    Block,
     DocumentTooLarge,
+    ParsedDocument,
     UnsupportedDocument,
     detect_media_type,
     parse_document,
     pdf_page_count,
 )
-from retrieval.parsing import HTML, MARKDOWN, PDF, TEXT
+from retrieval.parsing import HTML, MARKDOWN, MAX_HEADING_CHARS, PDF, TEXT, _heading
 
 
 def make_pdf(pages: list[str]) -> bytes:
@@ -124,3 +131,167 @@ def test_detect_media_type(name: str, head: bytes, expected: str) -> None:
 def test_detect_media_type_refuses(name: str, head: bytes) -> None:
     with pytest.raises(UnsupportedDocument):
         detect_media_type(name, head)
+
+
+# The heading regex this parser used before: right, but cubic on a run of spaces.
+CUBIC_HEADING = re.compile(r"^(#{1,6})\s+(.+?)\s*#*\s*$")
+
+
+@given(st.text(alphabet="#  \t\u00a0\u3000ab", max_size=24))
+def test_headings_read_as_the_old_regex_did(line: str) -> None:
+    match = CUBIC_HEADING.match(line)
+    assert _heading(line) == (None if match is None else (len(match[1]), match[2]))
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        ("## Install ##", (2, "Install")),
+        ("#\tTabbed  ", (1, "Tabbed")),
+        ("# a # b #", (1, "a # b")),
+        ("###### six", (6, "six")),
+        ("####### seven", None),
+        ("#no-space", None),
+        ("    # indented", None),
+    ],
+)
+def test_heading_forms(line: str, expected: tuple[int, str] | None) -> None:
+    assert _heading(line) == expected
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "## x" + " " * 12_000 + "y",
+        "##" + " " * 12_000,
+        "## x" + " " * 12_000 + "#" * 12_000 + " " * 12_000 + "z",
+    ],
+)
+def test_a_heading_line_of_12000_spaces_is_read_at_once(line: str) -> None:
+    # Each of these held a worker for hours under the old regex (1,600 spaces took 7.7 s).
+    doc = parse_document(f"{line}\n\nBody.".encode(), media_type=MARKDOWN, title="t")
+    [block] = doc.blocks
+    assert block.text == "Body."
+    assert len(block.headings) == 1 and len(block.headings[0]) <= MAX_HEADING_CHARS
+
+
+def test_long_headings_are_cut_in_markdown_and_html() -> None:
+    heading = "word " * 200_000  # 1 MB
+    doc = parse_document(f"## {heading}\n\nBody.".encode(), media_type=MARKDOWN, title="t")
+    assert doc.blocks[0].headings == (heading[:MAX_HEADING_CHARS].rstrip(),)
+    html = f"<h2>{heading}</h2><p>Body.</p>".encode()
+    assert parse_document(html, media_type=HTML, title="t").blocks[0].headings == (
+        heading[:MAX_HEADING_CHARS].rstrip(),
+    )
+
+
+def test_heading_memory_does_not_grow_with_the_paragraphs_under_it() -> None:
+    # Half a MiB of heading over 20,000 one-letter paragraphs: copied into every block's
+    # stored form this was 10 GB of JSON.
+    text = "## " + "h" * 500_000 + "\n\n" + "a\n\n" * 20_000
+    doc = parse_document(text.encode(), media_type=MARKDOWN, title="t")
+    assert len(doc.blocks) == 20_000
+    assert len({id(block.headings) for block in doc.blocks}) == 1  # one shared path
+    stored = doc.to_json()
+    assert stored["headings"] == [["h" * MAX_HEADING_CHARS]]
+    assert len(json.dumps(stored)) < 8 * len(text)
+    assert ParsedDocument.from_json(json.loads(json.dumps(stored)), title="t") == doc
+
+
+def test_100k_headings_make_one_path_per_section_with_text() -> None:
+    text = "## Part\n" + "".join(
+        f"### {i}\n" + ("text\n" if i % 100 == 0 else "") for i in range(100_000)
+    )
+    doc = parse_document(text.encode(), media_type=MARKDOWN, title="t")
+    assert len(doc.blocks) == 1_000
+    assert doc.blocks[-1] == Block("text", ("Part", "99900"))
+    assert len({id(block.headings) for block in doc.blocks}) == 1_000
+    assert doc.to_json()["headings"][-1] == ["Part", "99900"]
+
+
+def test_the_title_heading_is_dropped_from_shared_paths_once() -> None:
+    text = "# Guide\n\n## A\n\none\n\ntwo\n\n## B\n\nthree"
+    doc = parse_document(text.encode(), media_type=MARKDOWN, title="")
+    assert doc.title == "Guide"
+    assert [(b.headings, b.text) for b in doc.blocks] == [
+        (("A",), "one"),
+        (("A",), "two"),
+        (("B",), "three"),
+    ]
+    assert doc.blocks[0].headings is doc.blocks[1].headings
+
+
+def test_stored_blocks_written_before_paths_were_shared_still_load() -> None:
+    rows = [["one", ["A", "B"], None], ["two", [], 3]]
+    assert ParsedDocument.from_json(rows, title="t") == ParsedDocument(
+        "t", [Block("one", ("A", "B")), Block("two", (), 3)]
+    )
+
+
+def test_deeply_nested_html_is_read_once() -> None:
+    # Each element asked for its ancestors (and each nested heading for its whole text):
+    # 2,000 levels took 6 to 12 s, a 25 MiB upload days.
+    depth = 2_000
+    nested_blocks = "<div>" * depth + "<p>x</p>" * depth
+    doc = parse_document(nested_blocks.encode(), media_type=HTML, title="t")
+    assert [b.text for b in doc.blocks] == ["x"] * depth
+    nested_headings = "<h2>" * depth + "Deep" + "</h2>" * depth + "<p>Body.</p>"
+    doc = parse_document(nested_headings.encode(), media_type=HTML, title="t")
+    assert [(b.headings, b.text) for b in doc.blocks] == [(("Deep",), "Body.")]
+    nested_items = "<ul>" + "<li>item " * depth
+    doc = parse_document(nested_items.encode(), media_type=HTML, title="t")
+    assert [b.text for b in doc.blocks] == [" ".join(["item"] * depth)]
+
+
+def test_html_blocks_inside_a_heading_are_still_read() -> None:
+    html = "<h2>Intro <p>lead</p></h2><p>Body.</p>"
+    doc = parse_document(html.encode(), media_type=HTML, title="t")
+    assert [(b.headings, b.text) for b in doc.blocks] == [
+        (("Intro lead",), "lead"),
+        (("Intro lead",), "Body."),
+    ]
+
+
+def test_pdf_pages_are_counted_before_any_is_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    read: list[int] = []
+    extract = pypdf.PageObject.extract_text
+
+    def counting(page: pypdf.PageObject, *args: object, **kwargs: object) -> str:
+        read.append(1)
+        return extract(page, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(pypdf.PageObject, "extract_text", counting)
+    data = make_pdf([f"Page {i} text" for i in range(5)])
+    with pytest.raises(DocumentTooLarge) as raised:
+        parse_document(data, media_type=PDF, title="p", max_pages=4)
+    assert (raised.value.code, read) == ("too_many_pages", [])
+
+
+def test_pdf_reading_stops_at_the_page_past_the_text_limit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    read: list[int] = []
+    extract = pypdf.PageObject.extract_text
+
+    def counting(page: pypdf.PageObject, *args: object, **kwargs: object) -> str:
+        read.append(1)
+        return extract(page, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(pypdf.PageObject, "extract_text", counting)
+    data = make_pdf(["0123456789"] * 50)
+    with pytest.raises(DocumentTooLarge) as raised:
+        parse_document(data, media_type=PDF, title="p", max_pages=100, max_chars=25)
+    assert raised.value.code == "document_too_large"
+    assert len(read) == 3  # 30 characters: the third page passes the limit
+    assert "more than 30 characters; the limit is 25" in str(raised.value)
+    doc = parse_document(data, media_type=PDF, title="p", max_chars=500)
+    assert doc.char_count == 500
+
+
+def test_text_limit_applies_to_every_format() -> None:
+    for media_type in (TEXT, MARKDOWN, HTML):
+        with pytest.raises(DocumentTooLarge) as raised:
+            parse_document(b"<p>twelve chars</p>", media_type=media_type, title="t", max_chars=5)
+        assert raised.value.code == "document_too_large"
+    doc = parse_document(b"<p>twelve chars</p>", media_type=HTML, title="t", max_chars=12)
+    assert doc.char_count == 12

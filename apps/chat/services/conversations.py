@@ -8,11 +8,17 @@ from apps.knowledge.selectors import collection_list_readable
 
 
 def conversation_create(
-    *, caller: Caller, title: str = "", collection_ids: list[int] | None = None
+    *,
+    caller: Caller,
+    title: str = "",
+    collection_ids: list[int] | None = None,
+    key: int | None = None,
 ) -> Conversation:
+    """``key``: a primary key taken ahead (:func:`apps.core.ids.key_next`), or a new one."""
     if collection_ids:
         collection_list_readable(team=caller.team, ids=collection_ids)  # 404 if not readable
     return Conversation.objects.create(
+        pk=key,
         team=caller.team,
         user=caller.user,
         api_key=caller.api_key,

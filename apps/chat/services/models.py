@@ -74,13 +74,10 @@ async def tier_context_window(served_name: str) -> int:
     """The context window the tier reports for ``served_name`` (vLLM's ``max_model_len``)."""
     key = (settings.INFERENCE_BASE_URL, served_name)
     if key not in _windows:
-        client = inference_client()
         try:
-            models = await client.models()
+            models = await inference_client().models()
         except InferenceError as exc:
             raise UpstreamError(f"cannot read the context window from the tier: {exc}") from exc
-        finally:
-            await client.aclose()
         for model in models:
             if model.get("id") == served_name and model.get("max_model_len"):
                 _windows[key] = int(model["max_model_len"])
@@ -116,13 +113,23 @@ def tokenizer() -> Tokenizer:
 
 
 def inference_client() -> OpenAIClient:
-    """A client for one answer; its connections close with it."""
-    return OpenAIClient(
-        base_url=settings.INFERENCE_BASE_URL,
-        api_key=settings.INFERENCE_API_KEY or None,
-        timeouts=Timeouts(**settings.INFERENCE_TIMEOUTS),
-        retry=Retry(attempts=settings.INFERENCE_RETRY_ATTEMPTS),
+    """The client every answer on this event loop shares: its connections to the tier stay
+    open between answers (a new client and connection cost milliseconds before the first
+    token). An answer that stops early closes its response, and with it that connection,
+    which is what tells the tier to stop generating."""
+    return _inference_client(
+        settings.INFERENCE_BASE_URL,
+        settings.INFERENCE_API_KEY or None,
+        Timeouts(**settings.INFERENCE_TIMEOUTS),
+        Retry(attempts=settings.INFERENCE_RETRY_ATTEMPTS),
     )
+
+
+@loop_cached
+def _inference_client(
+    base_url: str, api_key: str | None, timeouts: Timeouts, retry: Retry
+) -> OpenAIClient:
+    return OpenAIClient(base_url=base_url, api_key=api_key, timeouts=timeouts, retry=retry)
 
 
 def scheduler() -> Scheduler:

@@ -12,6 +12,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.conf import settings
+
 from apps.accounts.selectors import Caller
 from apps.chat.models import Conversation, Message
 from apps.chat.selectors import conversation_get
@@ -115,6 +117,7 @@ def answer_prepare(
                 system=f"{SYSTEM_PROMPT}\n\n{instructions}" if instructions else SYSTEM_PROMPT,
                 context_window=spec.context_window,
                 max_output_tokens=output_tokens,
+                max_chars_per_token=settings.MAX_CHARS_PER_TOKEN,
             )
         except ContextLengthExceeded:
             metrics.CONTEXT_LENGTH_EXCEEDED.inc()
@@ -124,6 +127,9 @@ def answer_prepare(
     # plus every output token it may generate, held atomically against every limit (429
     # here, never mid-stream). Passages only add tokens, so the bare prompt is a floor.
     # A caller with no limits at all has nothing to hold: no reservation, no write.
+    # The hold is exact, so counting comes first, bounded: the surfaces cap how many
+    # messages and how long (before any count), and fitting takes O(log n) counts of at
+    # most the window's worth of characters (``MAX_CHARS_PER_TOKEN`` a token).
     bare = assembled([])
     reservation = (
         budget_reserve(

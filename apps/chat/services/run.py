@@ -3,8 +3,10 @@
 :func:`answer_start` takes a slot at the inference tier (a fair queue over teams; 503
 ``queue_full`` past the wait limit, before any byte). :func:`answer_events` then streams:
 ``Started``, ``Retrieved``, ``Delta``/``Reasoning``, then ``Failed`` if the tier failed,
-``UsageReport`` and ``Done`` (always last). The request to the tier leaves before the
-message rows are written, so the database work overlaps the tier's prefill.
+``UsageReport`` and ``Done`` (always last). Nothing waits on the database before the
+first token: the request to the tier leaves first, the message keys come from a block
+taken ahead (:mod:`apps.core.ids`) and the message rows are written while the tier
+answers.
 
 :class:`AnswerRun` is the ``async with`` block around it: however the block ends (done,
 error, the client gone), the reservation is settled exactly once, the usage row and the
@@ -17,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass, field, replace
 from types import TracebackType
 from typing import Any, TypeVar
@@ -41,7 +43,13 @@ from apps.chat.services.types import (
     UsageReport,
 )
 from apps.core.aio import db_call, loop_cached
-from apps.core.exceptions import ApplicationError, InvalidRequest, as_application_error
+from apps.core.exceptions import (
+    ApplicationError,
+    InvalidRequest,
+    as_application_error,
+    mid_stream_error,
+)
+from apps.core.ids import key_next
 from apps.usage import metrics
 from apps.usage.budgets import budget_settle
 from apps.usage.models import UsageRecord
@@ -52,6 +60,7 @@ from inference import Finished, InferenceError, ReasoningDelta, TextDelta, Upstr
 logger = logging.getLogger(__name__)
 
 FLUSH_EVERY_SECONDS = 0.25
+SETTLE_ATTEMPTS = 8
 CANCEL_POLL_SECONDS = 0.25
 E = TypeVar("E", bound=AnswerEvent)
 
@@ -63,15 +72,39 @@ class ReasoningBudgetExhausted(InvalidRequest):
 async def answer_start(prepared: PreparedAnswer) -> AnswerRun:
     """A slot at the tier for this answer, or 503 ``queue_full``; either way before any
     byte. A request refused (or abandoned) while queued never reaches the tier and its
-    reservation is released: nothing is billed."""
+    reservation is released: nothing is billed. Once the slot is held, the request to the
+    tier leaves at once, while the response is still being started."""
     try:
+        keys = await _Keys.take(prepared)
         lease = await slot_acquire(team=prepared.caller.team)
     except BaseException:
         if prepared.reservation is not None:
             release = db_call(budget_settle)(reservation=prepared.reservation, actual=0)
             await asyncio.shield(release)
         raise
-    return AnswerRun(prepared, lease=lease)
+    run = AnswerRun(prepared, lease=lease, keys=keys)
+    request = asyncio.current_task()
+    if request is not None:
+        request.add_done_callback(run.request_ended)
+    return run
+
+
+@dataclass(frozen=True)
+class _Keys:
+    """The primary keys of the answer's rows, known before they are written."""
+
+    message_id: int
+    conversation_id: int
+
+    @classmethod
+    async def take(cls, prepared: PreparedAnswer) -> _Keys:
+        conversation = prepared.conversation
+        return cls(
+            message_id=await key_next(Message),
+            conversation_id=(
+                conversation.pk if conversation is not None else await key_next(Conversation)
+            ),
+        )
 
 
 @dataclass
@@ -88,39 +121,103 @@ class _Generation:
 class AnswerRun:
     """One generation's state, settled exactly once however it ends (see the module)."""
 
-    def __init__(self, prepared: PreparedAnswer, *, lease: Slot) -> None:
+    def __init__(self, prepared: PreparedAnswer, *, lease: Slot, keys: _Keys) -> None:
         self.prepared = prepared
         self.lease = lease
-        self.message: Message | None = None
+        self.message_id = keys.message_id
+        self.conversation_id = keys.conversation_id
+        self.rows: asyncio.Future[None] | None = None
         self.generation = _Generation()
         self.status = Message.Status.COMPLETE
         self.error: ApplicationError | None = None
         self.usage: Usage | None = None
         self.journal = _Journal()
+        self.entered = False
         self._cancelled: asyncio.Event | None = None
+        self.upstream = _Prefetched(inference_client().stream_chat(prepared.request))
+
+    def request_ended(self, request: asyncio.Task[Any]) -> None:
+        """The request's task is over. If its response never began (the client left
+        between the slot and the first byte), nothing else would settle this run."""
+        if not self.entered:
+            _in_background(self.abandon())
+
+    async def abandon(self) -> None:
+        """End a run that never streamed: the tier request closed, billed as cancelled."""
+        async with self:
+            await self.upstream.aclose()
+            await self.lease.release()
 
     def emit(self, event: E) -> E:
         """``event`` numbered and journalled (for replay); what the client is sent."""
         return self.journal.add(event)
 
-    async def open(self) -> Message:
-        """The user's message and the assistant's (streaming) one."""
-        self.message = await db_call(_messages_create)(self.prepared)
-        self.journal.message_id = self.message.pk
-        self._cancelled = _cancel_watch().watch(self.message.pk)
-        return self.message
+    def open(self) -> Started:
+        """The user's message and the assistant's (streaming) one, and a new conversation,
+        written in the background; their keys were taken ahead."""
+        prepared = self.prepared
+        write = db_call(_messages_create)(
+            prepared, message_id=self.message_id, conversation_id=self.conversation_id
+        )
+        self.rows = asyncio.ensure_future(write)
+        self.rows.add_done_callback(self._rows_written)
+        self._cancelled = _cancel_watch().watch(self.message_id)
+        return Started(
+            message_id=self.message_id,
+            conversation_id=self.conversation_id,
+            model=prepared.spec.alias,
+        )
+
+    def _rows_written(self, rows: asyncio.Future[None]) -> None:
+        if rows.cancelled() or rows.exception() is not None:  # settle writes them
+            logger.warning("message %s: rows not written yet: %r", self.message_id, rows)
+        else:
+            self.journal.message_id = self.message_id  # events may reference the row now
 
     async def settle(self) -> Usage:
         """Settle the reservation on what was used, write the ledger row and the message;
-        once only (a second call returns the first usage)."""
+        once only (a second call returns the first usage). If the database fails, the
+        write is retried in the background: the stream still ends with its usage."""
         if self.usage is None:
             self.usage = usage_of(self.prepared, self.generation, queued=self.lease.waited)
-            self.message = await db_call(_save)(self)
-            self.journal.message_id = self.message.pk
+            if self.rows is not None:
+                await asyncio.wait({self.rows})
             _observe(self.usage, self.status, self.error)
+            try:
+                await self._save()
+            except DatabaseError as exc:
+                logger.warning("message %s: not settled yet: %r", self.message_id, exc)
+                _in_background(self._save_later())
         return self.usage
 
+    async def _save(self) -> None:
+        written = self.rows is not None and self._rows_ok()
+        await db_call(_save)(self, rows_written=written)
+        self.journal.message_id = self.message_id
+
+    async def _save_later(self) -> None:
+        """Until the database is back (or the reservation's expiry settles it instead)."""
+        for attempt in range(SETTLE_ATTEMPTS):
+            await asyncio.sleep(min(2**attempt, 30))
+            try:
+                await self._save()
+            except DatabaseError as exc:
+                logger.warning(
+                    "message %s: settling, attempt %d: %r", self.message_id, attempt, exc
+                )
+            else:
+                await self.journal.flush()
+                return
+        logger.error("message %s: not settled; its reservation will expire", self.message_id)
+
+    def _rows_ok(self) -> bool:
+        rows = self.rows
+        return rows is not None and not rows.cancelled() and rows.exception() is None
+
     async def __aenter__(self) -> AnswerRun:
+        if self.entered:
+            raise RuntimeError("an answer runs once")
+        self.entered = True
         metrics.IN_FLIGHT.inc()
         return self
 
@@ -140,14 +237,12 @@ class AnswerRun:
                     logger.exception("answer failed mid-stream", exc_info=exc)
                     self.end(Message.Status.FAILED, "error")
                 usage = await asyncio.shield(self.settle())
-                assert self.message is not None  # noqa: S101 - settle writes it
                 self.emit(UsageReport(usage=usage))
                 reason = self.generation.finish_reason or "cancelled"
-                self.emit(Done(message_id=self.message.pk, finish_reason=reason))
+                self.emit(Done(message_id=self.message_id, finish_reason=reason))
             await asyncio.shield(self.journal.close())
         finally:
-            if self.message is not None:
-                _cancel_watch().forget(self.message.pk)
+            _cancel_watch().forget(self.message_id)
             await asyncio.shield(self.lease.release())
             metrics.IN_FLIGHT.dec()
 
@@ -167,18 +262,10 @@ class AnswerRun:
 async def answer_events(run: AnswerRun) -> AsyncIterator[AnswerEvent]:
     """The answer's events; the caller may stop iterating at any time (client gone)."""
     prepared, generation = run.prepared, run.generation
-    client = inference_client()
-    upstream = _Prefetched(client.stream_chat(prepared.request))  # the request leaves now
+    upstream = run.upstream
     async with run:
         try:
-            message = await run.open()
-            yield run.emit(
-                Started(
-                    message_id=message.pk,
-                    conversation_id=message.conversation_id,
-                    model=prepared.spec.alias,
-                )
-            )
+            yield run.emit(run.open())
             yield run.emit(Retrieved(citations=prepared.citations))
             try:
                 async for event in upstream:
@@ -202,9 +289,11 @@ async def answer_events(run: AnswerRun) -> AsyncIterator[AnswerEvent]:
                         break
             except InferenceError as exc:
                 run.end(Message.Status.FAILED, "error", error=as_application_error(exc))
+            except Exception as exc:  # anything else mid-stream: said in-band, then settled
+                logger.exception("answer %s failed mid-stream", run.message_id)
+                run.end(Message.Status.FAILED, "error", error=mid_stream_error(exc))
         finally:
             await upstream.aclose()  # closing the connection stops the tier generating
-            await client.aclose()
             await run.lease.release()  # the next request in the queue may go now
         if generation.finish_reason == "length" and generation.reasoning and not generation.text:
             run.error = ReasoningBudgetExhausted(
@@ -216,8 +305,17 @@ async def answer_events(run: AnswerRun) -> AsyncIterator[AnswerEvent]:
         usage = await run.settle()
         yield run.emit(UsageReport(usage=usage))
         yield run.emit(
-            Done(message_id=message.pk, finish_reason=generation.finish_reason or "stop")
+            Done(message_id=run.message_id, finish_reason=generation.finish_reason or "stop")
         )
+
+
+_background: set[asyncio.Task[None]] = set()
+
+
+def _in_background(work: Coroutine[Any, Any, None]) -> None:
+    task = asyncio.get_running_loop().create_task(work)
+    _background.add(task)  # the loop keeps only a weak reference
+    task.add_done_callback(_background.discard)
 
 
 def _tick(run: AnswerRun, now: float) -> None:
@@ -308,16 +406,16 @@ def _observe(usage: Usage, status: str, error: ApplicationError | None) -> None:
 
 
 @transaction.atomic
-def _messages_create(prepared: PreparedAnswer) -> Message:
+def _messages_create(prepared: PreparedAnswer, *, message_id: int, conversation_id: int) -> None:
     caller, team = prepared.caller, prepared.caller.team
     conversation = prepared.conversation
     if conversation is None:
-        conversation = conversation_create(caller=caller, title="openai")
-        prepared.conversation = conversation
+        conversation = conversation_create(caller=caller, title="openai", key=conversation_id)
     Message.objects.create(
         conversation=conversation, team=team, role=Message.Role.USER, content=prepared.question
     )
     message = Message.objects.create(
+        pk=message_id,
         conversation=conversation,
         team=team,
         role=Message.Role.ASSISTANT,
@@ -327,7 +425,6 @@ def _messages_create(prepared: PreparedAnswer) -> Message:
         served_model=prepared.spec.served_name,
     )
     Conversation.objects.filter(pk=conversation.pk).update(updated_at=message.created_at)
-    return message
 
 
 LEDGER_STATUS = {
@@ -338,12 +435,14 @@ LEDGER_STATUS = {
 
 
 @transaction.atomic
-def _save(run: AnswerRun) -> Message:
-    """The settled reservation, the ledger row and the message, together. A run that
-    ends before its rows were written (the client left at once) writes them here."""
+def _save(run: AnswerRun, *, rows_written: bool) -> None:
+    """The settled reservation, the ledger row and the message, together. A run whose
+    rows were not written (the client left at once, the database failed) writes them."""
     prepared, generation, usage = run.prepared, run.generation, run.usage
     assert usage is not None  # noqa: S101 - settle computes it first
-    message = run.message or _messages_create(prepared)
+    message_id = run.message_id
+    if not rows_written and not Message.objects.filter(pk=message_id).exists():
+        _messages_create(prepared, message_id=message_id, conversation_id=run.conversation_id)
     caller = prepared.caller
     if prepared.reservation is not None:
         budget_settle(reservation=prepared.reservation, actual=usage.total_tokens)
@@ -356,9 +455,9 @@ def _save(run: AnswerRun) -> Message:
         usage=usage,
         status=LEDGER_STATUS[run.status],
         error_code=run.error.code if run.error else "",
-        object_id=str(message.pk),
+        object_id=str(message_id),
     )
-    Message.objects.filter(pk=message.pk).update(
+    Message.objects.filter(pk=message_id).update(
         content="".join(generation.text),
         reasoning="".join(generation.reasoning),
         status=run.status,
@@ -367,7 +466,6 @@ def _save(run: AnswerRun) -> Message:
         usage_source=usage.source,
         **usage.columns(),
     )
-    return message
 
 
 class _CancelWatch:

@@ -14,19 +14,37 @@ the embed stage reserves the exact tokens the document will cost and keeps the
 reservation on the document; charging the ledger settles it in the same transaction, and
 so do failing and deleting the document. A refused reservation fails the document before
 anything is embedded; its source stays, so it can be re-ingested once the quota allows.
+
+The workers get documents from a fair dispatcher, not first come first served: a queued
+document waits in its team's line, and each place among the ``INGEST_MAX_IN_FLIGHT``
+documents the workers hold goes to the team with the fewest there, so one team's backlog
+never stands in front of another team's first document. Each stage's task sends the next
+one when it has moved the document on; the embed stage works in slices of
+``INGEST_EMBED_SLICE_SECONDS`` and sends itself again, so a long document neither outlasts
+the time limit nor holds a worker while other teams wait.
+
+A worker runs each stage under Celery's soft and hard time limits. Past the soft one the
+document fails with ``time_limit_exceeded``. A stage that kills its worker process (a crash,
+the kernel's OOM killer, the hard time limit) is delivered again, and every such lost
+delivery is counted on the document before the stage starts: at
+``DOCUMENT_MAX_LOST_DELIVERIES`` the document is quarantined as failed with
+``worker_crashed`` instead of being run once more.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
+import time
+from collections import Counter
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import PurePath
 
-from celery import chain
+from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F
+from django.db.models import Count, F, Min, QuerySet
 from django.utils import timezone
 
 from apps.knowledge.models import Chunk, Document
@@ -36,7 +54,6 @@ from apps.usage.models import Reservation, UsageRecord
 from apps.usage.services import usage_record_embedding
 from config.celery import app as celery_app
 from retrieval import (
-    Block,
     DocumentTooLarge,
     ParsedDocument,
     RetrievalError,
@@ -57,17 +74,180 @@ ACTIVE = (Document.Status.QUEUED, Document.Status.PROCESSING)
 
 
 def ingestion_enqueue(*, document: Document) -> None:
-    """Queue the rest of the pipeline, from the document's current stage, after commit."""
+    """Put the document in its team's line; the dispatcher sends it on after commit, from
+    its current stage, when a place with the workers falls to its team."""
+    now = timezone.now()
     Document.objects.filter(pk=document.pk).update(
-        attempts=F("attempts") + 1, updated_at=timezone.now()
+        attempts=F("attempts") + 1,
+        enqueued_at=now,
+        dispatched_at=None,
+        lost_deliveries=0,
+        updated_at=now,
     )
-    remaining = STAGES[STAGES.index(document.stage) :] if document.stage in STAGES else ()
-    signatures = [
-        celery_app.signature(TASKS[stage], args=[document.pk], immutable=True)
-        for stage in remaining
-    ]
-    if signatures:
-        transaction.on_commit(lambda: chain(*signatures).apply_async())
+    transaction.on_commit(ingestion_dispatch)
+
+
+def ingestion_dispatch() -> list[int]:
+    """Hand waiting documents to the workers, taking turns between teams; their ids.
+
+    At most ``INGEST_MAX_IN_FLIGHT`` documents are with the workers at once (0, or tasks
+    run eagerly: no cap, first come first served). Each free place goes to the team with
+    the fewest documents there, ties to the team waiting longest, and within a team to its
+    oldest document. Called when a document joins the line, when one leaves the workers
+    (indexed or failed), and by the periodic sweep. Two dispatchers at once never send a
+    document twice (the hand-over is a conditional update), though they may overshoot the
+    cap by the places they both saw free.
+    """
+    waiting = Document.objects.filter(
+        status__in=ACTIVE, enqueued_at__isnull=False, dispatched_at__isnull=True
+    ).order_by()
+    cap = 0 if celery_app.conf.task_always_eager else settings.INGEST_MAX_IN_FLIGHT
+    if cap <= 0:
+        chosen = list(waiting.order_by("enqueued_at", "pk").values_list("pk", flat=True))
+    else:
+        in_flight = Document.objects.filter(status__in=ACTIVE, dispatched_at__isnull=False)
+        chosen = _fair_choice(waiting, in_flight, places=cap - in_flight.count())
+    now = timezone.now()
+    sent: list[int] = []
+    for document_id in chosen:
+        if waiting.filter(pk=document_id).update(dispatched_at=now, updated_at=now):
+            stage = Document.objects.filter(pk=document_id).values_list("stage", flat=True)[0]
+            if stage in STAGES:
+                _send(document_id, stage)
+                sent.append(document_id)
+    return sent
+
+
+def _fair_choice(
+    waiting: QuerySet[Document], in_flight: QuerySet[Document], *, places: int
+) -> list[int]:
+    """Up to ``places`` waiting documents, one at a time to the team with the fewest with
+    the workers (counting those already chosen), then the longest waiting."""
+    if places <= 0:
+        return []
+    first_waiting = dict(
+        waiting.values("team_id").annotate(first=Min("enqueued_at")).values_list("team_id", "first")
+    )
+    busy = Counter(
+        dict(
+            in_flight.order_by()
+            .values("team_id")
+            .annotate(n=Count("pk"))
+            .values_list("team_id", "n")
+        )
+    )
+    chosen: list[int] = []
+    while first_waiting and len(chosen) < places:
+        team_id = min(first_waiting, key=lambda team: (busy[team], first_waiting[team], team))
+        document_id = (
+            waiting.filter(team_id=team_id)
+            .exclude(pk__in=chosen)
+            .order_by("enqueued_at", "pk")
+            .values_list("pk", flat=True)
+            .first()
+        )
+        if document_id is None:
+            del first_waiting[team_id]
+            continue
+        chosen.append(document_id)
+        busy[team_id] += 1
+    return chosen
+
+
+def _send(document_id: int, stage: str) -> None:
+    """Queue the task of ``stage`` for the document once the current transaction commits."""
+    signature = celery_app.signature(TASKS[stage], args=[document_id], immutable=True)
+    transaction.on_commit(functools.partial(signature.apply_async))
+
+
+def ingestion_stage_run(*, document_id: int, stage: str) -> None:
+    """One delivery of one stage's task, as a worker runs it; then the next step.
+
+    Counts the delivery as lost before the stage starts and clears the count when it
+    finishes in any way the process survives, so only deliveries that died with their
+    process remain counted; at the limit the document is quarantined without running the
+    stage again. When the stage has moved the document on, the next stage's task is sent;
+    an embed slice that ran out of time sends its own stage again; a document that has
+    left the workers (indexed or failed) frees a place for the dispatcher. A delivery for
+    a stage the document has already left is handled as in a chain (``_send_if_past``).
+    """
+    lost = _delivery_begin(document_id, stage)
+    if lost is None:
+        _send_if_past(document_id, stage)
+        return
+    if lost >= settings.DOCUMENT_MAX_LOST_DELIVERIES:
+        document_fail(
+            document_id=document_id,
+            error=f"worker_crashed: the document is quarantined; the worker process died "
+            f"{lost} times during its {stage} stage (crashed, out of memory, or past the "
+            f"hard time limit of {celery_app.conf.task_time_limit} s)",
+        )
+        ingestion_dispatch()
+        return
+    options = {"slice_seconds": settings.INGEST_EMBED_SLICE_SECONDS} if stage == Stage.EMBED else {}
+    try:
+        STAGE_FUNCTIONS[stage](document_id=document_id, **options)
+    except SoftTimeLimitExceeded:
+        document_fail(
+            document_id=document_id,
+            error=f"time_limit_exceeded: the {stage} stage ran past its time limit of "
+            f"{celery_app.conf.task_soft_time_limit} s",
+        )
+    except MemoryError:
+        document_fail(
+            document_id=document_id,
+            error=f"out_of_memory: the {stage} stage ran out of memory",
+        )
+    except Exception:
+        _delivery_end(document_id)  # the process lives on: the task retries or gives up
+        raise
+    # Not for SystemExit and the like: the process is being terminated (the pool's hard
+    # time limit sends SIGTERM before SIGKILL), and the delivery stays counted as lost.
+    _delivery_end(document_id)
+    _send_next(document_id, stage)
+
+
+def _delivery_begin(document_id: int, stage: str) -> int | None:
+    """Count this delivery as lost until it finishes; the deliveries lost before it, or
+    None when the document is no longer waiting for ``stage``."""
+    with transaction.atomic():
+        document = _claim(document_id, stage)
+        if document is None:
+            return None
+        lost = document.lost_deliveries
+        document.lost_deliveries = lost + 1
+        document.save(update_fields=["lost_deliveries", "updated_at"])
+    return lost
+
+
+def _delivery_end(document_id: int) -> None:
+    Document.objects.filter(pk=document_id).update(lost_deliveries=0)
+
+
+def _send_if_past(document_id: int, stage: str) -> None:
+    """A delivery of a stage the document has left, as a chain would handle it.
+
+    The delivery that moved it on may have died between its commit and sending the next
+    stage's task (this one is then its re-delivery): send that task. Had it been sent,
+    the next stage finds the document further on as well and does the same, so a stale
+    duplicate runs through to the stage the document is at, like the rest of a chain.
+    Nothing for a document that is gone, failed, indexed, or back at an earlier stage.
+    """
+    current = (
+        Document.objects.filter(pk=document_id, status__in=ACTIVE)
+        .values_list("stage", flat=True)
+        .first()
+    )
+    if current in STAGES and STAGES.index(current) > STAGES.index(stage):
+        _send(document_id, STAGES[STAGES.index(stage) + 1])
+
+
+def _send_next(document_id: int, stage: str) -> None:
+    document = Document.objects.filter(pk=document_id).values_list("stage", "status").first()
+    if document is None or document[1] not in ACTIVE:
+        ingestion_dispatch()  # its place with the workers is free
+    elif document[0] != stage or stage == Stage.EMBED:
+        _send(document_id, document[0])
 
 
 def document_ingest(*, document_id: int) -> Document:
@@ -130,13 +310,15 @@ def _advance(document: Document, stage: str, **fields: object) -> None:
     document.save()
 
 
-def _failing_the_document(stage: Callable[[int], None]) -> Callable[..., None]:
+def _failing_the_document(stage: Callable[..., None]) -> Callable[..., None]:
     """A document that cannot be read or is too large fails with the reason; other errors
     propagate (the task retries transient ones; the stalled sweep catches the rest)."""
 
-    def run(*, document_id: int) -> None:
+    def run(*, document_id: int, **options: object) -> None:
         try:
-            stage(document_id)
+            stage(document_id, **options)
+        except DocumentTooLarge as exc:  # the error starts with the limit's code
+            document_fail(document_id=document_id, error=f"{exc.code}: {exc}")
         except RetrievalError as exc:
             document_fail(document_id=document_id, error=str(exc))
 
@@ -151,21 +333,19 @@ def _parse(document_id: int) -> None:
     with document.source.open("rb") as handle:
         data = handle.read()
     parsed = parse_document(
-        data, media_type=document.media_type, title="", max_pages=settings.MAX_PDF_PAGES
+        data,
+        media_type=document.media_type,
+        title="",
+        max_pages=settings.MAX_PDF_PAGES,  # refused before any page is read
+        max_chars=settings.MAX_DOCUMENT_CHARS,  # a PDF stops being read past it
     )
-    if parsed.char_count > settings.MAX_DOCUMENT_CHARS:
-        raise DocumentTooLarge(
-            f"the document has {parsed.char_count} characters; "
-            f"the limit is {settings.MAX_DOCUMENT_CHARS}",
-            code="document_too_large",
-        )
     if not parsed.blocks:
         raise UnsupportedDocument("the document contains no text")
     # The document's own title (Markdown H1, HTML <title>, PDF metadata) beats a file name.
     title = document.title
     if parsed.title and (not title or title == PurePath(document.filename).stem):
         title = parsed.title[:300]
-    blocks = [[block.text, list(block.headings), block.page] for block in parsed.blocks]
+    blocks = parsed.to_json()  # each heading path stored once, not in every block
     with transaction.atomic():
         document = _claim(document_id, Stage.PARSE)
         if document is not None:
@@ -178,10 +358,10 @@ def _chunk(document_id: int) -> None:
     document = _peek(document_id, Stage.CHUNK)
     if document is None:
         return
-    blocks = [Block(text, tuple(headings), page) for text, headings, page in document.parsed or []]
+    parsed = ParsedDocument.from_json(document.parsed or [], title=document.title)
     model = embedder()
     chunks = chunk_document(
-        ParsedDocument(title=document.title, blocks=blocks),
+        parsed,
         count_tokens=model.count_tokens,
         max_tokens=model.max_tokens - 2,  # room for the model's [CLS] and [SEP]
         overlap_tokens=settings.CHUNK_OVERLAP_TOKENS,
@@ -207,13 +387,22 @@ def _chunk(document_id: int) -> None:
 
 
 @_failing_the_document
-def _embed(document_id: int) -> None:
-    """Embed in batches, each committed, so that a crash resumes where it stopped."""
+def _embed(document_id: int, *, slice_seconds: float | None = None) -> None:
+    """Embed in batches, each committed, so that a crash resumes where it stopped.
+
+    With ``slice_seconds``, return before the first batch that would start past that time
+    (at least one runs), the document still at this stage: the caller queues the rest as
+    a new delivery.
+    """
     model = embedder()
     span = PROGRESS[Stage.INDEX] - PROGRESS[Stage.EMBED]
+    deadline = None if slice_seconds is None else time.monotonic() + slice_seconds
+    embedded_any = False
     while (document := _peek(document_id, Stage.EMBED)) is not None:
         pending = Chunk.objects.filter(document=document, embedding__isnull=True)
         batch = list(pending[: settings.EMBED_BATCH_SIZE])
+        if batch and embedded_any and deadline is not None and time.monotonic() >= deadline:
+            return
         if not batch:
             with transaction.atomic():
                 document = _claim(document_id, Stage.EMBED)
@@ -234,11 +423,14 @@ def _embed(document_id: int) -> None:
             document = _claim(document_id, Stage.EMBED)
             if document is None:
                 return
+            if pending.filter(pk__in=[chunk.pk for chunk in batch]).count() < len(batch):
+                continue  # a duplicate delivery committed this batch first, and its tokens
             Chunk.objects.bulk_update(batch, ["embedding"])
             done = document.chunk_count - pending.count()
             document.embedding_tokens += embedded.token_count
             document.progress = PROGRESS[Stage.EMBED] + span * done // max(document.chunk_count, 1)
             document.save(update_fields=["embedding_tokens", "progress", "updated_at"])
+        embedded_any = True
 
 
 def _holds_reservation(document: Document) -> bool:
@@ -348,11 +540,16 @@ STAGE_FUNCTIONS: dict[str, Callable[..., None]] = {
 
 def documents_requeue_stalled() -> tuple[int, int]:
     """Re-queue documents whose stage has not moved for too long; fail them past the limit.
+    Then let the dispatcher fill the places with the workers, should a hand-over have been
+    lost (a process that died between its commit and the dispatch).
 
     Returns (re-queued, failed).
     """
     cutoff = timezone.now() - timedelta(seconds=settings.DOCUMENT_STALL_SECONDS)
-    stalled = Document.objects.filter(status__in=ACTIVE, updated_at__lt=cutoff)
+    stalled = Document.objects.filter(status__in=ACTIVE, updated_at__lt=cutoff).exclude(
+        enqueued_at__isnull=False,
+        dispatched_at__isnull=True,  # waiting its turn, not stalled
+    )
     requeued = failed = 0
     for document_id in list(stalled.values_list("pk", flat=True)):
         with transaction.atomic():
@@ -369,4 +566,5 @@ def documents_requeue_stalled() -> tuple[int, int]:
             error=f"ingestion stalled at stage {document.stage!r} "
             f"after {document.attempts} attempts",
         )
+    ingestion_dispatch()
     return requeued, failed

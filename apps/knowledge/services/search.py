@@ -5,10 +5,14 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from django.db import transaction
+
 from apps.accounts.selectors import Caller
 from apps.knowledge.models import Chunk, Collection
 from apps.knowledge.selectors import collection_list_readable
 from apps.knowledge.services.indexing import embedder, index_store
+from apps.usage.budgets import budget_reserve, budget_settle, limits_of
+from apps.usage.models import UsageRecord
 from apps.usage.services import usage_record_embedding
 from retrieval import Hit, IndexCorrupted, VectorIndex
 
@@ -38,20 +42,41 @@ def chunk_search(
     """
     collections = collection_list_readable(team=caller.team, ids=collection_ids)
     model = embedder()
-    embedded = model.embed([query])
-    hits: list[Hit] = []
-    for collection in collections:
-        if collection.index_version:
-            hits.extend(_index_for(collection).search(embedded.vectors, top_k)[0])
-    # Charged once the search has succeeded: a failed search costs the team nothing.
-    usage_record_embedding(
-        team=caller.team,
-        model=model.model_name,
-        tokens=embedded.token_count,
-        operation="query",
-        api_key=caller.api_key,
-        user=caller.user,
+    # Held before embedding, like every other token: a team past its quota gets its 429
+    # here, not free compute; settled to the exact count once the search has succeeded.
+    limits = list(limits_of(team=caller.team, api_key=caller.api_key))
+    reservation = (
+        budget_reserve(
+            team=caller.team,
+            api_key=caller.api_key,
+            tokens=model.count_embedding_tokens([query]),
+            kind=UsageRecord.Kind.EMBEDDING,
+            limits=limits,
+        )
+        if limits
+        else None
     )
+    try:
+        embedded = model.embed([query])
+        hits: list[Hit] = []
+        for collection in collections:
+            if collection.index_version:
+                hits.extend(_index_for(collection).search(embedded.vectors, top_k)[0])
+    except BaseException:
+        if reservation is not None:
+            budget_settle(reservation=reservation, actual=0)  # a failed search costs nothing
+        raise
+    with transaction.atomic():  # the settlement and its ledger row, together
+        if reservation is not None:
+            budget_settle(reservation=reservation, actual=embedded.token_count)
+        usage_record_embedding(
+            team=caller.team,
+            model=model.model_name,
+            tokens=embedded.token_count,
+            operation="query",
+            api_key=caller.api_key,
+            user=caller.user,
+        )
     hits.sort(key=lambda hit: hit.score, reverse=True)
     best = hits[:top_k]
     chunks = Chunk.objects.select_related("document").in_bulk([hit.id for hit in best])

@@ -9,6 +9,7 @@ leaves while queued never reaches the tier.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable
@@ -213,3 +214,46 @@ def test_a_client_that_leaves_while_queued_never_reaches_the_tier(
     assert [r["messages"][-1]["content"] for r in upstream.requests] == ["first"]
     assert not Reservation.objects.filter(settled_at__isnull=True).exists()
     assert UsageRecord.objects.filter(kind="chat").count() == 1
+
+
+async def test_a_response_never_begun_settles_and_frees_its_slot(
+    queue: str, upstream: FakeUpstream, issued_key: IssuedKey
+) -> None:
+    """The client leaves between the slot and the first byte: the view returned its
+    response, which is never sent (so never iterated). The request's task ending settles
+    the run: the tier request closes, the slot is free, nothing stays reserved."""
+    from apps.accounts.selectors import caller_for
+    from apps.chat.models import Message
+    from apps.chat.services import answer_prepare, answer_start, model_resolve
+    from apps.chat.services.models import slot_acquire
+    from apps.core.aio import db_call
+
+    await Limit.objects.acreate(team=issued_key.api_key.team, daily_tokens=1_000_000)
+    caller = caller_for(user=None, api_key=issued_key.api_key)
+    assert caller is not None
+    prepared = await db_call(answer_prepare)(
+        caller=caller,
+        conversation=None,
+        content="Hi",
+        spec=await model_resolve(alias=None),
+        rag=False,
+    )
+    assert prepared.reservation is not None
+
+    async def view() -> None:
+        await answer_start(prepared)  # the response built on it is dropped unsent
+
+    await asyncio.create_task(view())
+    for _ in range(500):
+        if await Reservation.objects.filter(settled_at__isnull=False).aexists():
+            break
+        await asyncio.sleep(0.02)
+    async with asyncio.timeout(5):
+        lease = await slot_acquire(team=issued_key.api_key.team)  # the one slot is free
+    await lease.release()
+    message = await Message.objects.aget(role=Message.Role.ASSISTANT)
+    assert message.status == Message.Status.CANCELLED
+    record = await UsageRecord.objects.aget(kind="chat")
+    assert record.status == UsageRecord.Status.CANCELLED
+    counted = await QuotaCounter.objects.aget()
+    assert counted.used == record.total_tokens

@@ -15,6 +15,36 @@ from django.core.management.base import BaseCommand, CommandParser
 from apps.core.management.commands.runinference import inference_argv
 
 
+def worker_argv(python: str, *, beat: bool = False, concurrency: int = 1) -> list[str]:
+    """The Celery worker of the embedded default (also what tests and benches start).
+
+    The prefork pool with one child, not the solo pool: solo runs each task in the
+    worker's own process, where nothing can stop a stage past its time limit (Celery's
+    soft and hard limits need a child to interrupt or kill) and a crashing document takes
+    the whole worker, beat included, down with it. One child still keeps one copy of the
+    embedding model (the parent never loads it: models come from cached accessors, first
+    called in the child), and the parent replaces a child that was killed or has grown
+    past ``CELERY_WORKER_MAX_MEMORY_MB``, reloading the model (a second or two). The
+    on-disk broker and Redis both work with it, as in docker-compose. ``beat`` runs the
+    periodic jobs (the sweep of stalled documents, which also refills the dispatcher)
+    as part of the worker.
+    """
+    argv = [
+        python,
+        "-m",
+        "celery",
+        "-A",
+        "config",
+        "worker",
+        "--pool=prefork",
+        f"--concurrency={concurrency}",
+        "--loglevel=INFO",
+    ]
+    if beat:
+        argv += ["-B", "--schedule", str(settings.CELERY_BEAT_SCHEDULE_FILENAME)]
+    return argv
+
+
 class Command(BaseCommand):
     help = (
         "Run the whole product in the foreground: the ASGI web server, a Celery worker (with "
@@ -51,21 +81,7 @@ class Command(BaseCommand):
             ],
         }
         if not settings.CELERY_TASK_ALWAYS_EAGER:
-            # One solo worker keeps one copy of the embedding model in memory; -B runs the
-            # periodic sweep of stalled documents inside it.
-            commands["worker"] = [
-                python,
-                "-m",
-                "celery",
-                "-A",
-                "config",
-                "worker",
-                "-B",
-                "--pool=solo",
-                "--loglevel=INFO",
-                "--schedule",
-                settings.CELERY_BEAT_SCHEDULE_FILENAME,
-            ]
+            commands["worker"] = worker_argv(python, beat=True)
         if settings.INFERENCE_RUN_LOCAL:
             commands["inference"] = inference_argv(
                 host=settings.INFERENCE_HOST,

@@ -1,0 +1,12 @@
+"""Celery tasks: an interface that calls a service, nothing more."""
+
+from __future__ import annotations
+
+from celery import shared_task
+
+from apps.chat.services.sweep import messages_close_abandoned
+
+
+@shared_task
+def messages_close_abandoned_task() -> int:
+    return messages_close_abandoned()

@@ -1,0 +1,170 @@
+"""The OpenAPI schema's one place for what every operation shares: the error responses.
+
+``AutoSchema`` (``DEFAULT_SCHEMA_CLASS``) adds to each operation the errors it can answer,
+all with the one ``Error`` component (see :mod:`apps.core.exceptions`), derived from what
+the operation is: 401/403 where it needs a key, 400 where it reads a body or a query, 404
+where its path names an object, 413/415 where it reads a body, 429 where it is throttled,
+406 and 503 (a database or Redis outage) everywhere. A view's ``extend_schema`` names only
+what is specific to it (a 429 from the token budget, the inference tier's 502/504); an
+error status it names without a body gets the ``Error`` body here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from drf_spectacular import openapi
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
+from drf_spectacular.plumbing import build_bearer_security_scheme_object
+from drf_spectacular.utils import OpenApiResponse
+from rest_framework import serializers
+from rest_framework.settings import api_settings
+
+ERROR_DESCRIPTIONS = {
+    400: "invalid_request_error: the body or a parameter is invalid (invalid_json, "
+    "missing_field, invalid_value, …)",
+    401: "authentication_error: missing_api_key, invalid_api_key, revoked_api_key, expired_api_key",
+    403: "permission_error: scope_missing, no_team",
+    404: "not_found_error: no such object in the caller's team",
+    406: "invalid_request_error: not_acceptable (no representation for the Accept header)",
+    409: "conflict_error",
+    413: "invalid_request_error: payload_too_large, file_too_large",
+    415: "invalid_request_error: unsupported_media_type, unsupported_file_type",
+    422: "invalid_request_error",
+    429: "rate_limit_error, with Retry-After",
+    502: "upstream_error: inference_unavailable (the inference tier failed)",
+    503: "overloaded: database_unavailable, redis_unavailable, queue_full, "
+    "rate_limiter_unavailable; with Retry-After",
+    504: "upstream_error: inference_timeout (no token in time)",
+}
+
+RETRY_AFTER = {
+    "schema": {"type": "integer", "minimum": 1},
+    "description": "Seconds to wait before retrying.",
+}
+RATE_LIMIT_HEADERS = {
+    f"x-ratelimit-{name}-{unit}": {"schema": {"type": schema}, "description": description}
+    for unit in ("tokens", "streams")
+    for name, schema, description in (
+        ("limit", "integer", f"The limit's capacity in {unit}."),
+        ("remaining", "integer", f"{unit.capitalize()} available now."),
+        ("reset", "string", "When the limit has room again, as seconds: '12s'."),
+    )
+}
+ERROR_HEADERS: dict[int, dict[str, Any]] = {
+    401: {"WWW-Authenticate": {"schema": {"type": "string"}, "description": "Bearer"}},
+    429: {"Retry-After": RETRY_AFTER, **RATE_LIMIT_HEADERS},
+    503: {"Retry-After": RETRY_AFTER},
+}
+
+
+def event_stream(description: str, *, events: list[str] | None = None) -> OpenApiResponse:
+    """A ``text/event-stream`` response, its schema describing one event: its ``data`` (a
+    JSON document, or ``[DONE]`` on the OpenAI wire), and its ``event`` name and ``id``
+    where the stream names them."""
+    event: dict[str, Any] = {"type": "string"}
+    if events:
+        event["enum"] = events
+    schema = {
+        "type": "object",
+        "properties": {"data": {"type": "string"}, "event": event, "id": {"type": "string"}},
+        "required": ["data", "event", "id"] if events else ["data"],
+    }
+    return OpenApiResponse(response=schema, description=description)
+
+
+class ErrorDetailSerializer(serializers.Serializer[dict[str, Any]]):
+    type = serializers.CharField(help_text="The error's class, e.g. rate_limit_error.")
+    code = serializers.CharField(help_text="A stable code, e.g. team_tokens_per_minute.")
+    message = serializers.CharField(help_text="What went wrong, for a person.")
+    param = serializers.CharField(
+        allow_null=True, help_text="The parameter at fault (a dotted path), if any."
+    )
+
+
+class ErrorSerializer(serializers.Serializer[dict[str, Any]]):
+    """Every error, on every surface (the OpenAI shape)."""
+
+    error = ErrorDetailSerializer()
+
+
+class AutoSchema(openapi.AutoSchema):
+    def get_serializer_name(self, serializer: serializers.Serializer[Any], direction: Any) -> str:
+        """A view's nested ``InputSerializer``/``OutputSerializer``/``FilterSerializer`` is
+        named after its view (``SearchApi.InputSerializer``: ``SearchRequest``), so that no
+        two views share one component."""
+        owner, _, name = type(serializer).__qualname__.rpartition(".")
+        if owner.endswith("Api"):
+            suffix = {"InputSerializer": "", "OutputSerializer": "Response"}.get(name, name)
+            return owner.removesuffix("Api") + suffix
+        return str(super().get_serializer_name(serializer, direction))
+
+    def _map_serializer_field(
+        self, field: Any, direction: Any, bypass_extensions: bool = False
+    ) -> dict[str, Any]:
+        """What DRF's fields refuse beyond their types: an empty list where ``allow_empty``
+        is off, and NUL characters in text (``ProhibitNullCharactersValidator``)."""
+        schema: dict[str, Any] = super()._map_serializer_field(field, direction, bypass_extensions)
+        if schema.get("type") == "array" and getattr(field, "allow_empty", True) is False:
+            schema.setdefault("minItems", 1)
+        if isinstance(field, serializers.CharField) and direction == "request":
+            schema.setdefault("pattern", "^[^\\u0000]*$")
+        return schema
+
+    def map_parsers(self) -> list[Any]:
+        """JSON, unless the view names its own parsers (uploads): DRF's multipart parser
+        is on by default, but no other body here is meant as a form (lists, objects)."""
+        media_types: list[Any] = super().map_parsers()
+        if self.view.parser_classes == api_settings.DEFAULT_PARSER_CLASSES:
+            return [media_type for media_type in media_types if media_type == "application/json"]
+        return media_types
+
+    def get_operation(self, *args: Any, **kwargs: Any) -> dict[str, Any] | None:
+        operation: dict[str, Any] | None = super().get_operation(*args, **kwargs)
+        if operation is None:
+            return None
+        responses: dict[str, Any] = operation.setdefault("responses", {})
+        for status in self._error_statuses(operation):
+            responses.setdefault(str(status), {"description": ERROR_DESCRIPTIONS[status]})
+        for code, response in responses.items():
+            if int(code) >= 400:
+                self._with_error_body(int(code), response)
+        operation["responses"] = dict(sorted(responses.items()))
+        return operation
+
+    def _error_statuses(self, operation: dict[str, Any]) -> set[int]:
+        statuses = {406, 503}
+        locations = {parameter["in"] for parameter in operation.get("parameters", [])}
+        reads_body = "requestBody" in operation
+        if getattr(self.view, "required_scopes", None):
+            statuses |= {401, 403}
+        if reads_body or "query" in locations or "header" in locations:
+            statuses.add(400)
+        if "path" in locations:
+            statuses.add(404)
+        if reads_body:
+            statuses |= {413, 415}
+        if getattr(self.view, "throttle_classes", None):
+            statuses.add(429)
+        return statuses
+
+    def _with_error_body(self, status: int, response: dict[str, Any]) -> None:
+        response.setdefault("description", ERROR_DESCRIPTIONS.get(status, ""))
+        if not response.get("content"):
+            error = self.resolve_serializer(ErrorSerializer, "response")
+            response["content"] = {"application/json": {"schema": error.ref}}
+        headers = ERROR_HEADERS.get(status)
+        if headers:
+            response["headers"] = {**headers, **response.get("headers", {})}
+
+
+class ApiKeyScheme(OpenApiAuthenticationExtension):  # type: ignore[no-untyped-call]
+    """``Authorization: Bearer <api key>``."""
+
+    target_class = "apps.accounts.authentication.ApiKeyAuthentication"
+    name = "ApiKey"
+
+    def get_security_definition(self, auto_schema: Any) -> dict[str, Any]:
+        return dict(
+            build_bearer_security_scheme_object(header_name="Authorization", token_prefix="Bearer")  # noqa: S106
+        )
