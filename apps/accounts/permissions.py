@@ -47,19 +47,10 @@ def _scopes_for(required: dict[str, str], method: str) -> list[str]:
     return []
 
 
-class TeamRateThrottle(throttling.SimpleRateThrottle):
-    """Requests a minute per team, for endpoints whose cost is CPU, not tokens
-    (``throttle_scope`` names the rate in ``DEFAULT_THROTTLE_RATES``); counted in the
+class TeamRateThrottle(throttling.ScopedRateThrottle):
+    """DRF's scoped throttle (the view's ``throttle_scope`` names the rate), counted per
+    team rather than per user, for endpoints whose cost is CPU, not tokens; kept in the
     Django cache of each process."""
-
-    def __init__(self) -> None:
-        pass  # the rate is read per view, in allow_request
-
-    def allow_request(self, request: Request, view: Any) -> bool:
-        self.scope = getattr(view, "throttle_scope", "")
-        self.rate = self.get_rate()
-        self.num_requests, self.duration = self.parse_rate(self.rate)
-        return super().allow_request(request, view)
 
     def get_rate(self) -> str | None:
         rate: str | None = api_settings.DEFAULT_THROTTLE_RATES.get(self.scope)
