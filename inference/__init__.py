@@ -25,6 +25,8 @@ from inference.errors import (
     SchedulerUnavailable,
     TokenizerUnavailable,
     UpstreamProtocolError,
+    UpstreamRateLimited,
+    UpstreamRejected,
 )
 from inference.prompt import (
     MAX_CHARS_PER_TOKEN,
@@ -81,6 +83,8 @@ __all__ = [
     "Tokenizer",
     "TokenizerUnavailable",
     "UpstreamProtocolError",
+    "UpstreamRateLimited",
+    "UpstreamRejected",
     "UpstreamUsage",
     "assemble_prompt",
     "escape_control_tokens",

@@ -5,6 +5,11 @@ events. Split timeouts: connect, first token, idle between chunks, and total. Re
 with exponential backoff and full jitter (honouring ``Retry-After``) happen only before
 the first event has been handed to the caller; after that a failure is final, so no text
 is ever duplicated. Every ``httpx`` error is wrapped in :mod:`inference.errors`.
+
+Every server's error dialect is read in one place (:func:`upstream_error`): vLLM's
+``"code": 400`` (an integer), llama.cpp's ``"code": "context_length_exceeded"``, TGI's 422
+and its ``error_type``, a bare ``{"error": "..."}``. What the tier said goes to the log;
+what the caller reads is this package's own message, never an upstream URL or text.
 """
 
 from __future__ import annotations
@@ -14,11 +19,14 @@ import functools
 import json
 import logging
 import random
+import re
 import ssl
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from contextlib import aclosing, suppress
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
 from typing import Any
 
 import httpx
@@ -29,13 +37,21 @@ from inference.errors import (
     InferenceTimeout,
     InferenceUnavailable,
     UpstreamProtocolError,
+    UpstreamRateLimited,
+    UpstreamRejected,
 )
 from inference.reasoning import ThinkSplitter
 from inference.tokenizers import ChatMessage
 
 logger = logging.getLogger(__name__)
 
-RETRYABLE_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
+RETRYABLE_STATUS = frozenset({408, 409, 425, 500, 502, 503, 504})
+# What servers say when the prompt does not fit: vLLM "maximum context length", llama.cpp
+# "exceeds the available context size", TGI "must be <= 4096" on tokens, Ollama "context".
+CONTEXT_ERROR = re.compile(
+    r"context[ _](length|window|size)|maximum context|tokens? \+ `?max_new_tokens`? must be",
+    re.IGNORECASE,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,9 +68,11 @@ class Retry:
     base_delay: float = 0.25
     max_delay: float = 8.0
 
-    def delay(self, attempt: int, retry_after: float | None) -> float:
+    def delay(self, attempt: int, retry_after: float | None) -> float | None:
+        """Seconds to wait before attempt ``attempt + 1``; None: do not retry. A tier's
+        ``Retry-After`` is honoured in full: waited out when short, else handed on."""
         if retry_after is not None:
-            return min(retry_after, self.max_delay)
+            return retry_after if retry_after <= self.max_delay else None
         return random.uniform(0, min(self.max_delay, self.base_delay * 2**attempt))  # noqa: S311
 
 
@@ -65,6 +83,9 @@ class ChatRequest:
     max_tokens: int
     temperature: float | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
+    reasoning_opened: bool = False
+    """The chat template opens the thinking block in the prompt (DeepSeek-R1 style): the
+    output starts inside it and only a closing ``</think>`` shows."""
 
     def body(self) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -151,7 +172,7 @@ class OpenAIClient:
         except httpx.HTTPError as exc:
             raise InferenceUnavailable(f"inference tier unreachable: {exc!r}") from exc
         if response.status_code != 200:
-            raise _status_error(response.status_code, response.text, response.headers)
+            raise upstream_error(response.status_code, response.text, response.headers)
         data = response.json().get("data", [])
         return [item for item in data if isinstance(item, dict)]
 
@@ -167,12 +188,12 @@ class OpenAIClient:
                         started = True
                         yield event
                 return
-            except (InferenceUnavailable, InferenceTimeout) as exc:
+            except (InferenceUnavailable, InferenceTimeout, UpstreamRateLimited) as exc:
                 attempt += 1
                 if started or attempt >= self.retry.attempts:
                     raise
                 pause = self.retry.delay(attempt - 1, exc.retry_after)
-                if time.monotonic() + pause >= deadline:
+                if pause is None or time.monotonic() + pause >= deadline:
                     raise
                 logger.info(
                     "inference attempt %d failed (%s); retrying in %.2fs", attempt, exc.code, pause
@@ -180,14 +201,14 @@ class OpenAIClient:
                 await asyncio.sleep(pause)
 
     async def _attempt(self, request: ChatRequest, deadline: float) -> AsyncGenerator[Event]:
-        splitter = ThinkSplitter()
+        splitter = ThinkSplitter(opened=request.reasoning_opened)
         try:
             async with self._http.stream(
                 "POST", "chat/completions", json=request.body()
             ) as response:
                 if response.status_code != 200:
                     body = (await response.aread()).decode("utf-8", "replace")
-                    raise _status_error(response.status_code, body, response.headers)
+                    raise upstream_error(response.status_code, body, response.headers)
                 lines = _sse_lines(response.aiter_bytes())
                 first = True
                 done = False
@@ -278,12 +299,8 @@ def _json(payload: str) -> dict[str, Any]:
 
 
 def _events(chunk: dict[str, Any], splitter: ThinkSplitter) -> list[Event]:
-    if "error" in chunk:  # vLLM: an error after the stream started
-        error = chunk["error"] if isinstance(chunk["error"], dict) else {"message": chunk["error"]}
-        raise InferenceError(
-            str(error.get("message", "upstream error")),
-            code=str(error.get("code") or "inference_error"),
-        )
+    if "error" in chunk:  # vLLM: an error after the stream started (the HTTP status was 200)
+        raise upstream_error(None, json.dumps(chunk), {})
     events: list[Event] = []
     for choice in chunk.get("choices") or []:
         delta = choice.get("delta") or {}
@@ -316,31 +333,63 @@ def _events(chunk: dict[str, Any], splitter: ThinkSplitter) -> list[Event]:
     return events
 
 
-def _status_error(status: int, body: str, headers: Mapping[str, str]) -> InferenceError:
-    message, code = body[:500], None
+def upstream_error(status: int | None, body: str, headers: Mapping[str, str]) -> InferenceError:
+    """The error a tier's answer means, whichever server's dialect it is in. ``status`` is
+    None for an error line inside a stream that had started."""
+    message, code, kind = body[:500], "", ""
     try:
-        error = json.loads(body).get("error")
-        if isinstance(error, dict):
-            message, code = str(error.get("message", message)), error.get("code")
-        elif isinstance(error, str):
-            message = error
-    except (json.JSONDecodeError, AttributeError):
-        pass
-    if code == "context_length_exceeded":
-        return ContextLengthExceeded(message)
+        parsed = json.loads(body)
+    except json.JSONDecodeError:
+        parsed = None
+    error = parsed.get("error") if isinstance(parsed, dict) else None
+    if isinstance(parsed, dict) and "error_type" in parsed:  # TGI
+        kind = str(parsed["error_type"])
+    if isinstance(error, dict):
+        message = str(error.get("message", message))
+        code, kind = str(error.get("code") or ""), str(error.get("type") or "")
+        status = status or _int(error.get("code"))
+    elif isinstance(error, str):
+        message = error
+    logger.warning("inference tier answered %s: %s", status or "an error", message)
     retry_after = _retry_after(headers.get("retry-after"))
+    if code == "context_length_exceeded" or (
+        status in (None, 400, 413, 422) and CONTEXT_ERROR.search(message)
+    ):
+        return ContextLengthExceeded(
+            "The prompt and max_tokens do not fit the model's context window."
+        )
+    if status == 429:
+        return UpstreamRateLimited(
+            "The inference tier is rate limiting this service; retry later.",
+            retry_after=retry_after,
+        )
+    if status in (400, 422) or kind in ("invalid_request_error", "validation"):
+        return UpstreamRejected("The inference tier rejected the request as invalid.")
     if status in RETRYABLE_STATUS:
         return InferenceUnavailable(
-            f"inference tier answered {status}: {message}", retry_after=retry_after
+            f"The inference tier is unavailable (HTTP {status}).", retry_after=retry_after
         )
-    return InferenceError(
-        f"inference tier answered {status}: {message}",
-        code=str(code) if code else "inference_error",
-    )
+    if status is None:
+        return InferenceError("The inference tier reported an error mid-answer.")
+    return InferenceError(f"The inference tier failed (HTTP {status}).")
+
+
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) and 100 <= value <= 599 else None
 
 
 def _retry_after(value: str | None) -> float | None:
-    try:
-        return max(0.0, float(value)) if value else None
-    except ValueError:
+    """Seconds from ``Retry-After`` in either of its forms: delay-seconds or an HTTP-date."""
+    if not value:
         return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, (when - datetime.now(UTC)).total_seconds())

@@ -45,6 +45,22 @@ class ContextLengthExceeded(InferenceError):
     status = 400
 
 
+class UpstreamRejected(InferenceError):
+    """The tier refused the request itself as invalid (400, TGI's 422): retrying would fail
+    the same way, and the fault lies in what was asked, so 400."""
+
+    code = "invalid_request"
+    status = 400
+
+
+class UpstreamRateLimited(InferenceError):
+    """The tier said 429 and asked for longer than this service waits before answering:
+    the caller gets the 429 with the tier's ``Retry-After``, in full."""
+
+    code = "inference_rate_limited"
+    status = 429
+
+
 class TokenizerUnavailable(InferenceError):
     """A tokenizer cannot be loaded; the message says what to set or install."""
 

@@ -35,6 +35,7 @@ class Script:
     fail_status: int | None = None
     fail_times: int = 1
     fail_code: str | int | None = None
+    fail_message: str = "refused"
     retry_after: str | None = None
     drop_after: int | None = None
     stall_after: int | None = None
@@ -80,7 +81,7 @@ class FakeUpstream:
             headers = {"retry-after": script.retry_after} if script.retry_after else {}
             error: dict[str, Any] = {"message": "busy", "type": "server_error"}
             if script.fail_code is not None:
-                error = {"message": "refused", "type": "invalid_request_error"}
+                error = {"message": script.fail_message, "type": "invalid_request_error"}
                 error["code"] = script.fail_code
             return JSONResponse(
                 {"error": error},

@@ -78,6 +78,12 @@ class UpstreamError(ApplicationError):
         self.status = status
 
 
+class TooManyRequests(ApplicationError):
+    """Slow down: a rate this service keeps, or one the inference tier imposes on it."""
+
+    status, type, code = 429, "rate_limit_error", "rate_limited"
+
+
 DEPENDENCY_RETRY_SECONDS = 2
 
 
@@ -134,6 +140,12 @@ def as_application_error(exc: Exception) -> ApplicationError | None:
             )
         case inference.ContextLengthExceeded():
             return InvalidRequest(str(exc), code="context_length_exceeded", param="messages")
+        case inference.InferenceError() if exc.status == 400:  # the tier refused the request
+            return InvalidRequest(str(exc), code=exc.code)
+        case inference.InferenceError() if exc.status == 429:
+            return TooManyRequests(
+                str(exc), code=exc.code, headers=retry_after_header(exc.retry_after)
+            )
         case inference.InferenceError() if exc.status == 503:
             return Overloaded(str(exc), code=exc.code, headers=retry_after_header(exc.retry_after))
         case inference.InferenceError():
@@ -175,11 +187,7 @@ def as_application_error(exc: Exception) -> ApplicationError | None:
             error.status = 406
             return error
         case drf.Throttled():
-            error = ApplicationError(
-                str(exc.detail), code="rate_limited", headers=retry_after_header(exc.wait)
-            )
-            error.status, error.type = 429, "rate_limit_error"
-            return error
+            return TooManyRequests(str(exc.detail), headers=retry_after_header(exc.wait))
     return None
 
 

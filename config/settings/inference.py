@@ -54,6 +54,9 @@ MODEL_ALIASES: dict[str, dict[str, object]] = {
         "served_name": env.str("MODEL_SMALL_NAME", default="SmolLM2-135M-Instruct"),
         "context_window": env.int("MODEL_SMALL_CONTEXT_WINDOW", default=INFERENCE_N_CTX),
         "max_output_tokens": env.int("MODEL_SMALL_MAX_OUTPUT_TOKENS", default=512),
+        # True for models whose chat template opens <think> in the prompt (DeepSeek-R1):
+        # served without a reasoning parser, their output holds only the closing tag.
+        "reasoning_opened": env.bool("MODEL_SMALL_REASONING_OPENED", default=False),
     },
 }
 MODEL_ALIASES["large"] = (
@@ -61,6 +64,7 @@ MODEL_ALIASES["large"] = (
         "served_name": env.str("MODEL_LARGE_NAME"),
         "context_window": env.int("MODEL_LARGE_CONTEXT_WINDOW", default=None),
         "max_output_tokens": env.int("MODEL_LARGE_MAX_OUTPUT_TOKENS", default=2048),
+        "reasoning_opened": env.bool("MODEL_LARGE_REASONING_OPENED", default=False),
     }
     if "MODEL_LARGE_NAME" in env
     else MODEL_ALIASES["small"]  # one model serves both aliases by default

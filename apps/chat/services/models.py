@@ -34,6 +34,8 @@ class ModelSpec:
     served_name: str
     context_window: int
     max_output_tokens: int
+    reasoning_opened: bool = False
+    """The served model's chat template opens its thinking block in the prompt (R1)."""
 
 
 def model_aliases() -> list[str]:
@@ -41,7 +43,8 @@ def model_aliases() -> list[str]:
 
 
 def model_alias_resolve(*, alias: str | None) -> tuple[str, dict[str, Any]]:
-    """The alias a request names (``auto`` and none: the default one) and its settings."""
+    """The alias that serves a request naming ``alias`` (``auto`` and none: the default
+    one) and its settings. Usage, prices and responses name the alias that served."""
     name = settings.DEFAULT_MODEL_ALIAS if alias in (None, "", "auto") else alias
     config = settings.MODEL_ALIASES.get(name)
     if config is None:
@@ -50,7 +53,7 @@ def model_alias_resolve(*, alias: str | None) -> tuple[str, dict[str, Any]]:
             code="model_not_found",
             param="model",
         )
-    return str(alias or name), config
+    return name, config
 
 
 async def model_resolve(*, alias: str | None) -> ModelSpec:
@@ -64,6 +67,7 @@ async def model_resolve(*, alias: str | None) -> ModelSpec:
         served_name=served_name,
         context_window=int(window) if window else await tier_context_window(served_name),
         max_output_tokens=int(config["max_output_tokens"]),
+        reasoning_opened=bool(config.get("reasoning_opened", False)),
     )
 
 

@@ -63,6 +63,7 @@ class PreparedAnswer:
             messages=self.prompt.messages,
             max_tokens=self.max_tokens,
             extra=self.extra,
+            reasoning_opened=self.spec.reasoning_opened,
         )
 
 

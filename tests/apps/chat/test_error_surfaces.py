@@ -20,7 +20,8 @@ from tests.fake_upstream import FakeUpstream
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-# code → (status, type, what the fake tier does)
+# code (":" and the case, when several tier dialects lead to it) → (status, type, what the
+# fake tier does)
 FAULTS: dict[str, tuple[int, str, dict[str, Any]]] = {
     "inference_unavailable": (
         502,
@@ -34,12 +35,28 @@ FAULTS: dict[str, tuple[int, str, dict[str, Any]]] = {
         "invalid_request_error",
         {"fail_status": 400, "fail_code": "context_length_exceeded"},
     ),
+    "context_length_exceeded:vllm": (  # vLLM: an integer code, the reason in the message
+        400,
+        "invalid_request_error",
+        {
+            "fail_status": 400,
+            "fail_code": 400,
+            "fail_message": "This model's maximum context length is 4096 tokens.",
+        },
+    ),
+    "invalid_request": (400, "invalid_request_error", {"fail_status": 422, "fail_code": 422}),
+    "inference_rate_limited": (
+        429,
+        "rate_limit_error",
+        {"fail_status": 429, "fail_times": 99, "retry_after": "120"},
+    ),
     "reasoning_budget_exhausted": (
         400,
         "invalid_request_error",
         {"reasoning": ["hmm"] * 3, "tokens": [], "finish_reason": "length"},
     ),
 }
+RETRY_AFTER = {"inference_unavailable": "7", "inference_rate_limited": "120"}  # the tier's, in full
 SURFACES = ["native-json", "native-sse", "openai-json", "openai-sse"]
 
 
@@ -97,8 +114,9 @@ def test_each_error_code_on_each_surface(
     else:
         assert response.status_code == status, response.text
         error = response.json()["error"]
-        if code == "inference_unavailable":
-            assert response.headers["Retry-After"] == "7"
+        if code in RETRY_AFTER:
+            assert response.headers["Retry-After"] == RETRY_AFTER[code]
+    code = code.partition(":")[0]
     assert (error["code"], error["type"]) == (code, kind)
     assert set(error) == {"type", "code", "message", "param"}
     row = UsageRecord.objects.get(kind="chat")

@@ -25,7 +25,8 @@ async def test_context_window_comes_from_the_tier_when_not_set(
     }
     upstream.script.max_model_len = 32768
     assert (await model_resolve(alias="small")).context_window == 32768
-    assert (await model_resolve(alias="auto")).served_name == "fake"
+    auto = await model_resolve(alias="auto")
+    assert (auto.served_name, auto.alias) == ("fake", "small")  # priced as what served
     settings.MODEL_ALIASES = {
         "small": {"served_name": "other", "context_window": None, "max_output_tokens": 64}
     }
