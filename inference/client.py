@@ -317,20 +317,57 @@ def _events(chunk: dict[str, Any], splitter: ThinkSplitter) -> list[Event]:
                 for kind, text in splitter.flush()
             )
             events.append(Finished(str(choice["finish_reason"])))
-    usage = chunk.get("usage")
-    if isinstance(usage, dict) and "prompt_tokens" in usage:
-        prompt_details = usage.get("prompt_tokens_details") or {}
-        completion_details = usage.get("completion_tokens_details") or {}
-        reasoning_tokens = completion_details.get("reasoning_tokens")
-        events.append(
-            UpstreamUsage(
-                prompt_tokens=int(usage["prompt_tokens"]),
-                completion_tokens=int(usage.get("completion_tokens") or 0),
-                cached_tokens=int(prompt_details.get("cached_tokens") or 0),
-                reasoning_tokens=int(reasoning_tokens) if reasoning_tokens is not None else None,
-            )
-        )
+    usage = usage_from(chunk.get("usage"))
+    if usage is not None:
+        events.append(usage)
     return events
+
+
+def usage_from(raw: object) -> UpstreamUsage | None:
+    """A tier's usage block in this package's one convention: cached tokens are part of the
+    prompt tokens and reasoning tokens part of the completion tokens, whichever way the
+    server counts them. None when ``raw`` is no usage block.
+
+    - OpenAI, vLLM, llama.cpp, TGI, Ollama: ``prompt_tokens`` include
+      ``prompt_tokens_details.cached_tokens``; ``completion_tokens`` include
+      ``completion_tokens_details.reasoning_tokens``. Already the convention.
+    - Google (Gemini): ``thoughts_token_count`` is apart from the candidates'
+      ``completion_tokens``, so it is added to them; its cached tokens
+      (``cached_content_token_count``) are within the prompt's.
+    - Anthropic: ``input_tokens`` leave out ``cache_read_input_tokens`` and
+      ``cache_creation_input_tokens``, so they are added to them; ``output_tokens`` include
+      the thinking, which has no count of its own (counted locally).
+    """
+    if not isinstance(raw, Mapping):
+        return None
+    details = raw.get("completion_tokens_details") or {}
+    if "prompt_tokens" in raw:
+        prompt = _count(raw["prompt_tokens"])
+        completion = _count(raw.get("completion_tokens"))
+        cached = _count((raw.get("prompt_tokens_details") or {}).get("cached_tokens"))
+        reasoning = details.get("reasoning_tokens")
+        thoughts = raw.get("thoughts_token_count")
+        if thoughts is not None and reasoning is None:  # Google: thoughts beside the answer
+            reasoning = thoughts
+            completion += _count(thoughts)
+        cached = max(cached, _count(raw.get("cached_content_token_count")))
+    elif "input_tokens" in raw:  # Anthropic
+        cache_read = _count(raw.get("cache_read_input_tokens"))
+        prompt = _count(raw["input_tokens"]) + cache_read
+        prompt += _count(raw.get("cache_creation_input_tokens"))
+        completion, cached, reasoning = _count(raw.get("output_tokens")), cache_read, None
+    else:
+        return None
+    return UpstreamUsage(
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        cached_tokens=min(cached, prompt),
+        reasoning_tokens=min(_count(reasoning), completion) if reasoning is not None else None,
+    )
+
+
+def _count(value: object) -> int:
+    return max(0, int(value)) if isinstance(value, (int, float)) else 0
 
 
 def upstream_error(status: int | None, body: str, headers: Mapping[str, str]) -> InferenceError:
