@@ -72,7 +72,9 @@ def chunk_document(
         budget = max_tokens - count_tokens(context) if context else max_tokens
         if budget < max_tokens // 2:  # an absurd heading path must not starve the text
             headings, budget = headings[-1:], max_tokens // 2
-        for text in _pack(list(blocks), count_tokens, budget, overlap_tokens):
+        for text in _pack(
+            list(blocks), count_tokens=count_tokens, budget=budget, overlap_tokens=overlap_tokens
+        ):
             if max_chunks is not None and len(chunks) >= max_chunks:
                 raise DocumentTooLarge(
                     f"the document makes more than {max_chunks} chunks", code="too_many_chunks"
@@ -83,7 +85,7 @@ def chunk_document(
 
 
 def _pack(
-    blocks: list[Block], count_tokens: TokenCounter, budget: int, overlap_tokens: int
+    blocks: list[Block], *, count_tokens: TokenCounter, budget: int, overlap_tokens: int
 ) -> Iterator[str]:
     current: list[_Unit] = []
     used = 0
@@ -100,7 +102,7 @@ def _pack(
         return tail
 
     for number, block in enumerate(blocks):
-        units = list(_split(block.text, number, count_tokens, budget))
+        units = list(_split(block.text, number, count_tokens=count_tokens, budget=budget))
         size = sum(unit.tokens for unit in units)
         # Start a fresh chunk rather than cut a paragraph, when the current one is half full.
         if fresh and used + size > budget and used >= budget // 2:
@@ -121,7 +123,9 @@ def _pack(
         yield _join(current)
 
 
-def _split(text: str, paragraph: int, count_tokens: TokenCounter, budget: int) -> Iterator[_Unit]:
+def _split(
+    text: str, paragraph: int, *, count_tokens: TokenCounter, budget: int
+) -> Iterator[_Unit]:
     """A paragraph as one unit if it fits, else as sentences, else as word windows.
 
     Every character is counted a bounded number of times, so the work is linear in the
@@ -146,7 +150,7 @@ def _split(text: str, paragraph: int, count_tokens: TokenCounter, budget: int) -
                 yield _Unit(paragraph, " ".join(window), used, glued)
                 window, used, glued = [], 0, False
             if size > budget:  # a single "word" longer than the budget (a base64 blob)
-                *pieces, (word, size) = _cut(word, size, count_tokens, budget)
+                *pieces, (word, size) = _cut(word, size, count_tokens=count_tokens, budget=budget)
                 for number, (piece, cost) in enumerate(pieces):
                     yield _Unit(paragraph, piece, cost, glued=number > 0)
                 glued = bool(pieces)
@@ -162,7 +166,7 @@ def _cost(text: str, count_tokens: TokenCounter) -> int:
     return max(count_tokens(text), -(-len(text) // MAX_CHARS_PER_TOKEN))
 
 
-def _cut(word: str, size: int, count_tokens: TokenCounter, budget: int) -> list[tuple[str, int]]:
+def _cut(word: str, size: int, *, count_tokens: TokenCounter, budget: int) -> list[tuple[str, int]]:
     """``word`` (costing ``size`` > ``budget``) in consecutive pieces of at most ``budget``.
 
     The piece length is estimated once from the whole word and only shrunk for a piece

@@ -79,21 +79,30 @@ def home(request: HttpRequest) -> HttpResponse:
     return render(request, "home.html")
 
 
-def _error(status: int, type: str, code: str, message: str) -> JsonResponse:
+def _error(status: int, *, type: str, code: str, message: str) -> JsonResponse:
     return JsonResponse(error_body(type=type, code=code, message=message), status=status)
 
 
 def bad_request(request: HttpRequest, exception: Exception) -> JsonResponse:
-    return _error(400, "invalid_request_error", "bad_request", "The request is malformed.")
+    return _error(
+        400, type="invalid_request_error", code="bad_request", message="The request is malformed."
+    )
 
 
 def permission_denied(request: HttpRequest, exception: Exception) -> JsonResponse:
-    return _error(403, "permission_error", "permission_denied", "You may not do this.")
+    return _error(
+        403, type="permission_error", code="permission_denied", message="You may not do this."
+    )
 
 
 def not_found(request: HttpRequest, exception: Exception) -> JsonResponse:
-    return _error(404, "not_found_error", "not_found", "No such object.")
+    return _error(404, type="not_found_error", code="not_found", message="No such object.")
 
 
 def server_error(request: HttpRequest) -> JsonResponse:
-    return _error(500, "server_error", "internal_error", "The server failed; it has been logged.")
+    return _error(
+        500,
+        type="server_error",
+        code="internal_error",
+        message="The server failed; it has been logged.",
+    )

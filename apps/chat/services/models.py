@@ -123,15 +123,15 @@ def inference_client() -> OpenAIClient:
     which is what tells the tier to stop generating."""
     return _inference_client(
         settings.INFERENCE_BASE_URL,
-        settings.INFERENCE_API_KEY or None,
-        Timeouts(**settings.INFERENCE_TIMEOUTS),
-        Retry(attempts=settings.INFERENCE_RETRY_ATTEMPTS),
+        api_key=settings.INFERENCE_API_KEY or None,
+        timeouts=Timeouts(**settings.INFERENCE_TIMEOUTS),
+        retry=Retry(attempts=settings.INFERENCE_RETRY_ATTEMPTS),
     )
 
 
 @loop_cached
 def _inference_client(
-    base_url: str, api_key: str | None, timeouts: Timeouts, retry: Retry
+    base_url: str, *, api_key: str | None, timeouts: Timeouts, retry: Retry
 ) -> OpenAIClient:
     return OpenAIClient(base_url=base_url, api_key=api_key, timeouts=timeouts, retry=retry)
 
