@@ -2,11 +2,13 @@
 
 What is measured (one run, printed as one table)
     Admission is what every chat generation pays before and after its model call: the real
-    ``apps.usage.budgets.budget_reserve`` (period quota ``UPDATE``, ``Reservation`` row,
-    token bucket and stream slot in the limiter's store) and ``budget_settle`` (claims the
-    reservation, refunds the quota counter, releases bucket tokens and the slot; for the
-    Redis store that refund runs in ``transaction.on_commit``, which in autocommit mode
-    runs at once, inside the timed call). One sample = reserve time + settle time of one
+    ``apps.usage.budgets.budget_reserve``, called as the answer path calls it
+    (``defer_record=True``): with the database store one transaction (period quota
+    ``UPDATE``, token bucket and stream slot rows, ``Reservation`` row); with Redis one Lua
+    call (quotas, bucket, slot), the ``Reservation`` row left to be written later. Then
+    ``budget_settle``: one transaction that writes the row if it is not there yet, claims
+    the reservation and records the quota counter, with, for Redis, the refund (one Lua
+    call) inside it. One sample = reserve time + settle time of one
     request, on ``time.perf_counter``. Four configurations, side by side in one run:
     {Redis store, database store} x {1, 32 concurrent requests}. Concurrency is threads
     started together on a barrier, each running its share of ``--iterations`` back to back
@@ -252,7 +254,9 @@ def run_configuration(
     def one(team: Team, number: int) -> tuple[float, float, int]:
         refund = 1 + number % (reserve_tokens // 2)
         started = time.perf_counter()
-        reservation = budget_reserve(team=team, api_key=None, tokens=reserve_tokens)
+        reservation = budget_reserve(
+            team=team, api_key=None, tokens=reserve_tokens, defer_record=True
+        )
         reserved = time.perf_counter()
         actual = reserve_tokens - refund
         budget_settle(reservation=reservation, actual=actual)

@@ -15,6 +15,8 @@ process that stops are never reused, as with any sequence.
 from __future__ import annotations
 
 import asyncio
+import os
+import threading
 from collections import deque
 
 from django.db import connection, models, transaction
@@ -49,6 +51,21 @@ def key_block(model: type[models.Model]) -> KeyBlock:
 async def key_next(model: type[models.Model]) -> int:
     """A primary key for a ``model`` row not written yet (usually no I/O)."""
     return await key_block(model).take()
+
+
+_taken: dict[tuple[int, type[models.Model]], deque[int]] = {}
+_taking = threading.Lock()
+
+
+def key_take(model: type[models.Model]) -> int:
+    """:func:`key_next` for synchronous code (any thread): a key from a block of this
+    process's (a forked child takes its own). Call it outside any transaction: on SQLite
+    a rolled-back allocation would hand the same keys to another process."""
+    with _taking:
+        keys = _taken.setdefault((os.getpid(), model), deque())
+        if not keys:
+            keys.extend(keys_allocate(model, count=BLOCK_SIZE))
+        return keys.popleft()
 
 
 def keys_allocate(model: type[models.Model], *, count: int) -> list[int]:

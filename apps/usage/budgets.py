@@ -1,26 +1,45 @@
 """Token budgets: reserve before calling the model, settle on actual usage.
 
 Reserve is one atomic, all-or-nothing step over every limit that applies (the team's and
-the key's). Period quotas always live in the database and move by a conditional
-``UPDATE … SET used = used + n WHERE used + n <= limit``; token buckets and stream slots
-live in the limiter's store (:mod:`apps.usage.limiters`: locked rows in the database, or
-one Lua script in Redis, called last so that its refusal rolls the quotas back with the
-transaction). Nothing is read and then written unlocked, so concurrent requests can never
-overspend. A refusal says when to retry.
+the key's): period quotas, token buckets and stream slots. Nothing is read and then
+written unlocked, so concurrent requests can never overspend. A refusal says when to
+retry.
 
-Settling replaces the reservation with what was really used and refunds the difference.
-Reservations a crashed process never settled expire and are released by a periodic job,
-which also retries Redis refunds that found Redis down. When Redis is unreachable at
-admission, requests fail closed with 503 unless ``RATE_LIMIT_REDIS_FALLBACK`` is
-``database``: then the database enforces the buckets and slots until Redis returns.
+- Embedded default (the database store): one short transaction. Each quota moves by a
+  conditional ``UPDATE … SET used = used + n WHERE used + n <= limit``, buckets and slots
+  are locked rows (:class:`apps.usage.limiters.DatabaseLimiter`), then the
+  ``Reservation`` row is inserted; a refusal rolls it all back.
+- Redis (:class:`apps.usage.limiters.RedisLimiter`): one Lua call checks and charges the
+  quotas, buckets and slots; no database round trip. A quota missing from Redis (the
+  first request of a period) is seeded from the database first. The ``Reservation`` row,
+  the record, may be written later (``defer_record``: its key is taken ahead, see
+  :mod:`apps.core.ids`; the answer path writes it with the message rows, while the tier
+  prefills): settling writes it if it is not there yet. A process that dies before
+  writing it leaves Redis holds that expire on their own (slots and quota holds carry
+  their expiry). The database counter of a quota records what settled; Redis adds the
+  open holds. The periodic job resets Redis's settled part to the record.
+
+Settling replaces the reservation with what was really used, exactly once (a conditional
+``UPDATE`` claims it): the database counter and, for Redis, one Lua call that refunds the
+bucket, frees the slot and turns the quota hold into what was used, inside the caller's
+transaction (which writes the ledger row). Reservations a crashed process never settled
+expire and are released by the periodic job, which also retries Redis refunds that found
+Redis down and reconciles Redis's quota counters with the database. When Redis is
+unreachable at admission, requests fail closed with 503 unless
+``RATE_LIMIT_REDIS_FALLBACK`` is ``database``: then the database enforces every limit
+until Redis returns (its quota counters hold what settled and what it reserved itself,
+not what Redis holds for requests still in flight; Redis learns what the database charged
+meanwhile at the next reconciliation).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
-import math
 import uuid
+import weakref
 from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import date, datetime, time, timedelta
 from zoneinfo import ZoneInfo
 
@@ -32,11 +51,16 @@ from django.utils import timezone
 
 from apps.accounts.models import ApiKey, Team
 from apps.core.exceptions import ApplicationError, InvalidRequest
+from apps.core.ids import key_take
 from apps.usage import metrics
 from apps.usage.limiters import (
     Bucket,
     Limiter,
     LimiterUnavailable,
+    Quota,
+    QuotaKey,
+    QuotaUnseeded,
+    RedisLimiter,
     Refusal,
     Slot,
     buckets_and_slots,
@@ -73,6 +97,34 @@ def max_tokens_cap(*, limits: Iterable[Limit]) -> int | None:
     return min(known) if known else None
 
 
+@dataclass
+class _Hold:
+    """What this process knows of a reservation it took: enough to extend and settle it
+    without reading the limits again and, for Redis, whether its row may not be written
+    yet (``deferred``: this object is the record until it is)."""
+
+    buckets: list[Bucket]
+    slots: list[Slot]
+    quotas: list[Quota]
+    deferred: bool
+    written: bool = False
+    settled: bool = False
+
+
+# The reservations this process took, by token (each gone with the object it returned).
+_holds: dict[uuid.UUID, _Hold] = {}
+
+
+def _hold(reservation: Reservation, held: _Hold) -> None:
+    _holds[reservation.token] = held
+    weakref.finalize(reservation, _holds.pop, reservation.token, None)
+
+
+# Database counter ids by quota, so that charging one is a single UPDATE.
+_counter_ids: dict[QuotaKey, int] = {}
+_COUNTER_IDS_KEPT = 10_000
+
+
 def budget_reserve(
     *,
     team: Team,
@@ -81,12 +133,16 @@ def budget_reserve(
     kind: str = UsageRecord.Kind.CHAT,
     now: datetime | None = None,
     limits: list[Limit] | None = None,
+    defer_record: bool = False,
 ) -> Reservation:
     """Hold ``tokens`` against every limit of ``team`` and ``api_key``, or raise 429.
 
     A chat generation draws on token buckets, takes a stream slot and charges the period
     quotas; an embedding job (``kind="embedding"``) charges the period quotas only.
     ``limits``: the caller's, when already read (see :func:`limits_of`).
+    ``defer_record``: with Redis, do not write the ``Reservation`` row now (no database
+    round trip); the caller writes it later with :func:`reservation_record`, or settling
+    does. Ignored inside a transaction and with the database store (written at once).
     """
     now = now or timezone.now()
     if limits is None:
@@ -106,9 +162,13 @@ def budget_reserve(
                 buckets.append(bucket)
             if slot is not None:
                 slots.append(slot)
-    store = limiter()
+    quotas = _quotas(limits, now, team)
+    held = _Hold(buckets, slots, quotas, deferred=False)
+    store = limiter() if (buckets or slots or quotas) else limiter("database")
     try:
-        return _reserve(team, api_key, kind, tokens, limits, buckets, slots, store, now)
+        if isinstance(store, RedisLimiter):
+            return _reserve_remote(store, team, api_key, kind, tokens, held, now, defer_record)
+        return _reserve(team, api_key, kind, tokens, held, store, now)
     except LimiterUnavailable as exc:
         if settings.RATE_LIMIT_REDIS_FALLBACK != "database":
             metrics.ADMISSION_UNAVAILABLE.inc()
@@ -118,8 +178,20 @@ def budget_reserve(
                 headers={"Retry-After": str(LIMITER_RETRY_SECONDS)},
             ) from exc
         logger.warning("the limiter is down, enforcing from the database: %s", exc)
-        store = limiter("database")
-        return _reserve(team, api_key, kind, tokens, limits, buckets, slots, store, now)
+        return _reserve(team, api_key, kind, tokens, held, limiter("database"), now)
+
+
+def _quotas(limits: list[Limit], now: datetime, team: Team) -> list[Quota]:
+    zone = ZoneInfo(team.time_zone)
+    found: list[Quota] = []
+    for limit in limits:
+        for period, maximum in (("day", limit.daily_tokens), ("month", limit.monthly_tokens)):
+            if maximum is not None:
+                starts_on, resets_at = period_bounds(period, now, zone)
+                scope = "key" if limit.api_key_id else "team"
+                key = QuotaKey(limit.pk, period, starts_on)
+                found.append(Quota(key, int(maximum), scope, resets_at))
+    return found
 
 
 def _reserve(
@@ -127,75 +199,196 @@ def _reserve(
     api_key: ApiKey | None,
     kind: str,
     tokens: int,
-    limits: list[Limit],
-    buckets: list[Bucket],
-    slots: list[Slot],
+    held: _Hold,
     store: Limiter,
     now: datetime,
 ) -> Reservation:
+    """The database store: one transaction, the row inserted last (a refusal writes
+    nothing)."""
     token = uuid.uuid4()
-    if not (buckets or slots):
-        store = limiter("database")  # quotas only: nothing to hold elsewhere
-    remote = store.store != Reservation.Store.DATABASE
-    acquired = False
-    try:
-        with transaction.atomic():
-            counters = [
-                _charge(limit, period, quota, tokens, now, team)
-                for limit in limits
-                for period, quota in (("day", limit.daily_tokens), ("month", limit.monthly_tokens))
-                if quota is not None
-            ]
-            reservation = Reservation.objects.create(
-                team=team,
-                api_key=api_key,
-                kind=kind,
-                token=token,
-                tokens=tokens,
-                store=store.store,
-                buckets=[b.limit_id for b in buckets],
-                slots=[s.limit_id for s in slots],
-                counters=counters,
-                created_at=now,
-                expires_at=now + timedelta(seconds=settings.RESERVATION_TTL_SECONDS),
-            )
-            # Last, so that a refusal here rolls the quota charges back with the rest.
-            refusal = store.acquire(
-                token=token, buckets=buckets, slots=slots, tokens=tokens, now=now
-            )
-            if refusal is not None:
-                _refuse(refusal)
-            acquired = remote
-    except BaseException:
-        if acquired:  # the transaction failed after Redis said yes: give it back
-            store.release(token=token, buckets=buckets, slots=slots, difference=tokens, now=now)
-        raise
+    with transaction.atomic():
+        counters = [_charge(quota, tokens, now) for quota in held.quotas]
+        refusal = store.acquire(
+            token=token, buckets=held.buckets, slots=held.slots, tokens=tokens, now=now
+        )
+        if refusal is not None:
+            _refuse(refusal)
+        reservation = Reservation.objects.create(
+            team=team,
+            api_key=api_key,
+            kind=kind,
+            token=token,
+            tokens=tokens,
+            store=Reservation.Store.DATABASE,
+            buckets=[b.limit_id for b in held.buckets],
+            slots=[s.limit_id for s in held.slots],
+            counters=counters,
+            created_at=now,
+            expires_at=now + timedelta(seconds=settings.RESERVATION_TTL_SECONDS),
+        )
+    _hold(reservation, held)  # settling it here needs no read of its limits
     metrics.RESERVATIONS.labels(kind).inc()
     return reservation
 
 
-def _charge(limit: Limit, period: str, quota: int, tokens: int, now: datetime, team: Team) -> int:
-    starts_on, next_start = period_bounds(period, now, ZoneInfo(team.time_zone))
-    counter = _counter(limit, period, starts_on)
-    moved = QuotaCounter.objects.filter(pk=counter.pk, used__lte=quota - tokens).update(
-        used=F("used") + tokens
+def _reserve_remote(
+    store: RedisLimiter,
+    team: Team,
+    api_key: ApiKey | None,
+    kind: str,
+    tokens: int,
+    held: _Hold,
+    now: datetime,
+    defer_record: bool,
+) -> Reservation:
+    """Redis: one Lua call (after seeding, on a period's first request), then the row,
+    now or later."""
+    token = uuid.uuid4()
+    expires_at = now + timedelta(seconds=settings.RESERVATION_TTL_SECONDS)
+    refusal = _admit(store, team, token, held, tokens, now, expires_at)
+    if refusal is not None:
+        _refuse(refusal)
+    held.deferred = defer_record and not transaction.get_connection().in_atomic_block
+    try:
+        reservation = Reservation(
+            pk=key_take(Reservation) if held.deferred else None,
+            team=team,
+            api_key=api_key,
+            kind=kind,
+            token=token,
+            tokens=tokens,
+            store=Reservation.Store.REDIS,
+            buckets=[b.limit_id for b in held.buckets],
+            slots=[s.limit_id for s in held.slots],
+            counters=[quota_name(quota.key) for quota in held.quotas],
+            created_at=now,
+            expires_at=expires_at,
+        )
+        if not held.deferred:
+            reservation.save(force_insert=True)
+    except BaseException:  # Redis said yes, the database failed: give it all back
+        with contextlib.suppress(LimiterUnavailable):
+            store.release(
+                token=token,
+                buckets=held.buckets,
+                slots=held.slots,
+                difference=tokens,
+                now=now,
+                quotas=[quota.key for quota in held.quotas],
+            )
+        raise
+    _hold(reservation, held)
+    metrics.RESERVATIONS.labels(kind).inc()
+    return reservation
+
+
+def _admit(
+    store: RedisLimiter,
+    team: Team,
+    token: uuid.UUID,
+    held: _Hold,
+    tokens: int,
+    now: datetime,
+    expires_at: datetime,
+) -> Refusal | None:
+    """The admission script; a quota not in Redis yet is seeded and the script run again."""
+    for _ in range(len(held.quotas)):
+        try:
+            return store.admit(
+                token=token,
+                buckets=held.buckets,
+                slots=held.slots,
+                quotas=held.quotas,
+                tokens=tokens,
+                now=now,
+                expires_at=expires_at,
+            )
+        except QuotaUnseeded as missing:
+            _seed(store, team, missing.quota, now)
+    return store.admit(
+        token=token,
+        buckets=held.buckets,
+        slots=held.slots,
+        quotas=held.quotas,
+        tokens=tokens,
+        now=now,
+        expires_at=expires_at,
     )
-    if not moved:
+
+
+def _seed(store: RedisLimiter, team: Team, quota: Quota, now: datetime) -> None:
+    """A quota into Redis from the record: what settled (the database counter, if there is
+    one yet) and what the team's open Redis reservations charged to it hold. Writes nothing
+    to the database (the caller's transaction may yet roll back)."""
+    key = quota.key
+    used = QuotaCounter.objects.filter(
+        limit_id=key.limit_id, period=key.period, starts_on=key.starts_on
+    ).values_list("used", flat=True)
+    name = quota_name(key)
+    open_ = Reservation.objects.filter(
+        team=team,
+        store=Reservation.Store.REDIS,
+        settled_at__isnull=True,
+        expires_at__gt=now,
+    ).values_list("token", "tokens", "expires_at", "counters")
+    holds = [(token, tokens, expires) for token, tokens, expires, names in open_ if name in names]
+    store.quota_seed(quota=quota, used=used.first() or 0, holds=holds, now=now)
+
+
+def quota_name(key: QuotaKey) -> str:
+    """How a Redis reservation names a quota it charged (its ``counters``): the counter's
+    row may not exist until something settles on it."""
+    return f"{key.limit_id}:{key.period}:{key.starts_on.isoformat()}"
+
+
+def _quota_key(name: str) -> QuotaKey:
+    limit_id, period, starts_on = name.split(":")
+    return QuotaKey(int(limit_id), period, date.fromisoformat(starts_on))
+
+
+def _record(key: QuotaKey, actual: int) -> None:
+    """Add what settled to a quota's database counter (made if it is the first)."""
+    counter = QuotaCounter.objects.filter(
+        limit_id=key.limit_id, period=key.period, starts_on=key.starts_on
+    )
+    if not counter.update(used=F("used") + actual):
+        _counter(key)
+        counter.update(used=F("used") + actual)
+
+
+def _charge(quota: Quota, tokens: int, now: datetime) -> int:
+    """The database store: charge a quota's counter or refuse; one UPDATE when its id is
+    known."""
+    room = quota.maximum - tokens
+    known = _counter_ids.get(quota.key)
+    charge = {"used": F("used") + tokens}
+    # The key is checked too: a row of a rolled-back transaction may have left its id here.
+    cached = QuotaCounter.objects.filter(
+        pk=known, limit_id=quota.key.limit_id, period=quota.key.period, used__lte=room
+    )
+    if known is not None and cached.filter(starts_on=quota.key.starts_on).update(**charge):
+        return known
+    counter = _counter(quota.key)
+    if not QuotaCounter.objects.filter(pk=counter.pk, used__lte=room).update(**charge):
         counter.refresh_from_db(fields=["used"])
-        retry = math.ceil((next_start - now).total_seconds())
-        code = "key_quota_exceeded" if limit.api_key_id else "team_quota_exceeded"
-        _refuse(Refusal(code, quota, max(0, quota - counter.used), retry))
+        _refuse(quota.refusal(counter.used, now))
     return counter.pk
 
 
-def _counter(limit: Limit, period: str, starts_on: date) -> QuotaCounter:
+def _counter(key: QuotaKey) -> QuotaCounter:
     try:
         with transaction.atomic():
-            return QuotaCounter.objects.get_or_create(
-                limit=limit, period=period, starts_on=starts_on
+            counter = QuotaCounter.objects.get_or_create(
+                limit_id=key.limit_id, period=key.period, starts_on=key.starts_on
             )[0]
     except IntegrityError:
-        return QuotaCounter.objects.get(limit=limit, period=period, starts_on=starts_on)
+        counter = QuotaCounter.objects.get(
+            limit_id=key.limit_id, period=key.period, starts_on=key.starts_on
+        )
+    if len(_counter_ids) > _COUNTER_IDS_KEPT:
+        _counter_ids.clear()
+    _counter_ids[key] = counter.pk
+    return counter
 
 
 def period_bounds(period: str, now: datetime, zone: ZoneInfo) -> tuple[date, datetime]:
@@ -224,52 +417,122 @@ def _refuse(refusal: Refusal) -> None:
     )
 
 
+def reservation_record(*, reservation: Reservation) -> None:
+    """Write the row of a reservation taken with ``defer_record`` (nothing otherwise, or
+    if it is there already): call it off the path to the first token."""
+    held = _holds.get(reservation.token)
+    if held is None or not held.deferred or held.written:
+        return
+    Reservation.objects.bulk_create([reservation], ignore_conflicts=True)
+    held.written = True
+
+
+def quota_used(*, key: QuotaKey, now: datetime | None = None) -> int:
+    """What a quota counts against its limit: settled plus held, as the store that
+    enforces it sees it (Redis when configured and it has the quota, else the database).
+    Raises :class:`LimiterUnavailable` if Redis is configured but unreachable."""
+    now = now or timezone.now()
+    store = limiter()
+    if isinstance(store, RedisLimiter):
+        used = store.quota_used(key, now)
+        if used is not None:
+            return used
+    counter = QuotaCounter.objects.filter(
+        limit_id=key.limit_id, period=key.period, starts_on=key.starts_on
+    ).first()
+    return counter.used if counter is not None else 0
+
+
 def budget_extend(*, reservation: Reservation, tokens: int, now: datetime | None = None) -> None:
     """Hold ``tokens`` more on an open reservation, against the same buckets and quota
     counters, all or nothing; raise 429 (the reservation unchanged) if they do not fit."""
     if tokens <= 0:
         return
     now = now or timezone.now()
+    if reservation.store == Reservation.Store.REDIS:
+        _extend_remote(reservation, tokens, now)
+        return
     store = limiter(reservation.store)
     buckets = _buckets(reservation)
-    acquired = False
+    with transaction.atomic():
+        counters = QuotaCounter.objects.filter(pk__in=reservation.counters)
+        for counter in counters.select_related("limit"):
+            key = QuotaKey(counter.limit_id, counter.period, counter.starts_on)
+            quota = _quota_of(counter.limit, key, reservation, now)
+            if quota is not None and not QuotaCounter.objects.filter(
+                pk=counter.pk, used__lte=quota.maximum - tokens
+            ).update(used=F("used") + tokens):
+                counter.refresh_from_db(fields=["used"])
+                _refuse(quota.refusal(counter.used, now))
+        moved = Reservation.objects.filter(pk=reservation.pk, settled_at__isnull=True).update(
+            tokens=F("tokens") + tokens
+        )
+        if not moved:
+            raise InvalidRequest("the reservation is already settled")
+        refusal = store.acquire(
+            token=reservation.token, buckets=buckets, slots=[], tokens=tokens, now=now
+        )
+        if refusal is not None:
+            _refuse(refusal)
+    reservation.tokens += tokens
+
+
+def _extend_remote(reservation: Reservation, tokens: int, now: datetime) -> None:
+    store = limiter(Reservation.Store.REDIS)
+    assert isinstance(store, RedisLimiter)  # noqa: S101 - limiter("redis") is one
+    held = _holds.get(reservation.token)
+    if held is None:  # taken by another process: read what it holds
+        held = _Hold(_buckets(reservation), [], _quotas_of(reservation, now), deferred=False)
+    if held.settled:
+        raise InvalidRequest("the reservation is already settled")
+    extension = _Hold(held.buckets, [], held.quotas, deferred=False)
+    refusal = _admit(
+        store, reservation.team, reservation.token, extension, tokens, now, reservation.expires_at
+    )
+    if refusal is not None:
+        _refuse(refusal)
     try:
-        with transaction.atomic():
-            counters = QuotaCounter.objects.filter(pk__in=reservation.counters)
-            for counter in counters.select_related("limit"):
-                limit = counter.limit
-                quota = limit.daily_tokens if counter.period == "day" else limit.monthly_tokens
-                if quota is None:
-                    continue  # the limit was lifted meanwhile
-                moved = QuotaCounter.objects.filter(pk=counter.pk, used__lte=quota - tokens).update(
-                    used=F("used") + tokens
+        if held.deferred:  # the row is this object until written
+            reservation.tokens += tokens
+            if held.written:
+                Reservation.objects.filter(pk=reservation.pk, settled_at__isnull=True).update(
+                    tokens=reservation.tokens
                 )
-                if not moved:
-                    counter.refresh_from_db(fields=["used"])
-                    _, next_start = period_bounds(
-                        counter.period, now, ZoneInfo(reservation.team.time_zone)
-                    )
-                    retry = math.ceil((next_start - now).total_seconds())
-                    code = (
-                        "key_quota_exceeded" if counter.limit.api_key_id else "team_quota_exceeded"
-                    )
-                    _refuse(Refusal(code, quota, max(0, quota - counter.used), retry))
-            moved = Reservation.objects.filter(pk=reservation.pk, settled_at__isnull=True).update(
-                tokens=F("tokens") + tokens
-            )
-            if not moved:
-                raise InvalidRequest("the reservation is already settled")
-            refusal = store.acquire(
-                token=reservation.token, buckets=buckets, slots=[], tokens=tokens, now=now
-            )
-            if refusal is not None:
-                _refuse(refusal)
-            acquired = store.store != "database" and bool(buckets)
+            return
+        if not Reservation.objects.filter(pk=reservation.pk, settled_at__isnull=True).update(
+            tokens=F("tokens") + tokens
+        ):
+            raise InvalidRequest("the reservation is already settled")
     except BaseException:
-        if acquired:
-            store.release(token=uuid.uuid4(), buckets=buckets, slots=[], difference=tokens, now=now)
+        # The buckets get the tokens back; the quota holds stay as they are until the
+        # reservation settles (which drops them whole): never less than what is held.
+        with contextlib.suppress(LimiterUnavailable):
+            store.release(
+                token=uuid.uuid4(), buckets=held.buckets, slots=[], difference=tokens, now=now
+            )
         raise
     reservation.tokens += tokens
+
+
+def _quota_of(limit: Limit, key: QuotaKey, reservation: Reservation, now: datetime) -> Quota | None:
+    """The quota ``key`` of ``limit`` counts against; None if the limit was lifted."""
+    maximum = limit.daily_tokens if key.period == "day" else limit.monthly_tokens
+    if maximum is None:
+        return None
+    _, resets_at = period_bounds(key.period, now, ZoneInfo(reservation.team.time_zone))
+    return Quota(key, int(maximum), "key" if limit.api_key_id else "team", resets_at)
+
+
+def _quotas_of(reservation: Reservation, now: datetime) -> list[Quota]:
+    """The quotas a Redis reservation taken by another process charged."""
+    keys = _quota_keys(reservation)
+    limits = Limit.objects.in_bulk([key.limit_id for key in keys])
+    found = [
+        _quota_of(limits[key.limit_id], key, reservation, now)
+        for key in keys
+        if key.limit_id in limits
+    ]
+    return [quota for quota in found if quota is not None]
 
 
 def _buckets(reservation: Reservation) -> list[Bucket]:
@@ -286,72 +549,130 @@ def _slots(reservation: Reservation) -> list[Slot]:
     return [Slot(limit_id, 0, "") for limit_id in reservation.slots]
 
 
+def _quota_keys(reservation: Reservation) -> list[QuotaKey]:
+    """The quotas a Redis reservation charged in Redis (by name)."""
+    return [_quota_key(name) for name in reservation.counters if isinstance(name, str)]
+
+
 def budget_settle(*, reservation: Reservation, actual: int, now: datetime | None = None) -> None:
     """Replace the reservation with ``actual`` tokens: refund (or charge) the difference.
 
-    Idempotent: a settled reservation is left alone. Call inside the transaction that
-    writes the usage row; a Redis refund runs once that transaction commits (marked
-    pending until it has, so the periodic job retries it if Redis was down).
+    Exactly once: a settled reservation is left alone. Call inside the transaction that
+    writes the usage row. A Redis reservation whose row is not written yet is written
+    here first; its Redis refund runs in the same transaction (marked pending if Redis is
+    down, for the periodic job to retry).
     """
     now = now or timezone.now()
+    held = _holds.get(reservation.token)
+    remote = reservation.store != Reservation.Store.DATABASE
     with transaction.atomic():
-        claimed = Reservation.objects.filter(pk=reservation.pk, settled_at__isnull=True).update(
-            settled_at=now,
-            actual_tokens=actual,
-            remote_pending=reservation.store != Reservation.Store.DATABASE,
-        )
+        if held is not None and held.deferred:
+            Reservation.objects.bulk_create([reservation], ignore_conflicts=True)
+        claimed = Reservation.objects.filter(
+            pk=reservation.pk, token=reservation.token, settled_at__isnull=True
+        ).update(settled_at=now, actual_tokens=actual, remote_pending=False)
         if not claimed:
             return
-        tokens = Reservation.objects.values_list("tokens", flat=True).get(pk=reservation.pk)
+        if held is not None and held.deferred:
+            tokens = reservation.tokens  # this object is the record
+        else:
+            tokens = Reservation.objects.values_list("tokens", flat=True).get(pk=reservation.pk)
         difference = tokens - actual
-        QuotaCounter.objects.filter(pk__in=reservation.counters).update(
-            used=Greatest(F("used") - difference, 0)
-        )
-        if reservation.store == Reservation.Store.DATABASE:
+        # Counters charged at admission (by id: the database store, and Redis reservations
+        # from before Redis counted quotas) give the difference back.
+        charged = [c for c in reservation.counters if isinstance(c, int)]
+        if charged:
+            QuotaCounter.objects.filter(pk__in=charged).update(
+                used=Greatest(F("used") - difference, 0)
+            )
+        if not remote:
             limiter("database").release(
                 token=reservation.token,
-                buckets=_buckets(reservation),
-                slots=_slots(reservation),
+                buckets=held.buckets if held is not None else _buckets(reservation),
+                slots=held.slots if held is not None else _slots(reservation),
                 difference=difference,
                 now=now,
             )
         else:
-            transaction.on_commit(lambda: _release_remote(reservation.pk))
+            # Under the counters' row locks until commit, so the periodic reconciliation
+            # sees this settlement in both places or in neither.
+            for key in _quota_keys(reservation):
+                _record(key, actual)
+            if not _release_remote(reservation, held, difference, actual, now):
+                Reservation.objects.filter(pk=reservation.pk).update(remote_pending=True)
+    if held is not None:
+        held.settled = True
     metrics.SETTLEMENTS.labels(reservation.kind).inc()
 
 
-def _release_remote(reservation_id: int) -> bool:
-    """Give a settled reservation's tokens and slots back to Redis; False if Redis is down
-    (it stays pending for the periodic job). Redis releases each reservation once only."""
-    reservation = Reservation.objects.filter(pk=reservation_id, remote_pending=True).first()
-    if reservation is None:
-        return True
+def _release_remote(
+    reservation: Reservation, held: _Hold | None, difference: int, actual: int, now: datetime
+) -> bool:
+    """Give a settled reservation's tokens and slot back to Redis and turn its quota holds
+    into ``actual``; False if Redis is down. Redis does this once per reservation only."""
     try:
-        limiter(reservation.store).release(
+        limiter(Reservation.Store.REDIS).release(
             token=reservation.token,
-            buckets=_buckets(reservation),
-            slots=_slots(reservation),
-            difference=reservation.tokens - int(reservation.actual_tokens or 0),
-            now=reservation.settled_at or timezone.now(),
+            buckets=held.buckets if held is not None else _buckets(reservation),
+            slots=held.slots if held is not None else _slots(reservation),
+            difference=difference,
+            now=now,
+            quotas=_quota_keys(reservation),
+            actual=actual,
         )
     except LimiterUnavailable as exc:
-        logger.warning("reservation %s: Redis refund deferred: %s", reservation_id, exc)
+        logger.warning("reservation %s: Redis refund deferred: %s", reservation.pk, exc)
         return False
-    Reservation.objects.filter(pk=reservation_id).update(remote_pending=False)
     return True
 
 
 def reservations_release_expired(*, now: datetime | None = None) -> int:
     """Release reservations whose holder died before settling (their tokens were never
-    used as far as anyone can tell) and retry Redis refunds that were deferred."""
+    used as far as anyone can tell), retry Redis refunds that were deferred, and
+    reconcile Redis's quota counters with the database."""
     now = now or timezone.now()
     released = 0
     for reservation in Reservation.objects.filter(settled_at__isnull=True, expires_at__lt=now):
         budget_settle(reservation=reservation, actual=0, now=now)
         released += 1
-    for reservation_id in Reservation.objects.filter(remote_pending=True).values_list(
-        "pk", flat=True
-    ):
-        if not _release_remote(reservation_id):
+    for reservation in Reservation.objects.filter(remote_pending=True):
+        actual = int(reservation.actual_tokens or 0)
+        if not _release_remote(
+            reservation,
+            None,
+            reservation.tokens - actual,
+            actual,
+            reservation.settled_at or now,
+        ):
             break  # still down: the next run tries again
+        Reservation.objects.filter(pk=reservation.pk).update(remote_pending=False)
+    quotas_reconcile(now=now)
     return released
+
+
+def quotas_reconcile(*, now: datetime | None = None) -> int:
+    """Redis's quota counters := the database's record (what settled) plus the holds of
+    open reservations, holds past their expiry dropped (a process died before writing
+    its reservation, or before settling it). Each counter's row is locked meanwhile, so a
+    settlement lands before or after, never half. Returns the counters reconciled."""
+    now = now or timezone.now()
+    store = limiter()
+    if not isinstance(store, RedisLimiter):
+        return 0
+    today = now.date()
+    recent = QuotaCounter.objects.filter(
+        Q(period="day", starts_on__gte=today - timedelta(days=1))
+        | Q(period="month", starts_on__gte=today - timedelta(days=32))
+    )
+    done = 0
+    for counter_id in recent.values_list("pk", flat=True):
+        with transaction.atomic():
+            counter = QuotaCounter.objects.select_for_update().get(pk=counter_id)
+            key = QuotaKey(counter.limit_id, counter.period, counter.starts_on)
+            try:
+                store.quota_used(key, now, record=counter.used)
+            except LimiterUnavailable as exc:
+                logger.warning("quota reconciliation deferred: %s", exc)
+                return done
+        done += 1
+    return done

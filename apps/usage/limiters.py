@@ -8,6 +8,14 @@ tokens and frees the slots. The database store runs inside the caller's transact
 rows are locked and conditionally updated there); the Redis store is one Lua script per
 operation, so each is atomic on the server, with the caller's clock passed in (tests
 inject one) or Redis's own.
+
+Redis also counts the period quotas (:meth:`RedisLimiter.admit`: quotas, buckets and
+slots in one script). A quota is a hash: ``base`` (what settled, as the database records
+it), ``held`` (what open reservations hold), one ``h:<token>`` field per hold, and a
+sorted set of the holds by expiry, so that a hold whose process died before writing its
+reservation expires by itself. A missing hash is seeded from the database
+(:meth:`RedisLimiter.quota_seed`), which stays the record: settling adds to ``base`` what
+it adds to the database counter, and the periodic job resets ``base`` to the record.
 """
 
 from __future__ import annotations
@@ -16,7 +24,7 @@ import functools
 import math
 import uuid
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import date, datetime, timedelta
 from typing import Any, Protocol
 
 import redis
@@ -54,8 +62,38 @@ class Refusal:
     unit: str = "tokens"
 
 
+@dataclass(frozen=True)
+class QuotaKey:
+    """One period's counter of a limit: the same in the database and in Redis."""
+
+    limit_id: int
+    period: str  # "day" or "month"
+    starts_on: date
+
+
+@dataclass(frozen=True)
+class Quota:
+    key: QuotaKey
+    maximum: int
+    scope: str
+    resets_at: datetime
+
+    def refusal(self, used: int, now: datetime) -> Refusal:
+        retry = math.ceil((self.resets_at - now).total_seconds())
+        remaining = max(0, self.maximum - used)
+        return Refusal(f"{self.scope}_quota_exceeded", self.maximum, remaining, retry)
+
+
 class LimiterUnavailable(Exception):
     """The store that enforces a limit cannot be reached."""
+
+
+class QuotaUnseeded(Exception):
+    """Redis has no counter for this quota yet: seed it from the database, then retry."""
+
+    def __init__(self, quota: Quota) -> None:
+        super().__init__(f"quota {quota.key} is not in Redis")
+        self.quota = quota
 
 
 class Limiter(Protocol):
@@ -135,12 +173,11 @@ class DatabaseLimiter:
                 level=level - tokens, refilled_at=refilled_at
             )
         for slot in slots:
-            counter = _get_or_create(StreamCounter, limit_id=slot.limit_id)
-            moved = StreamCounter.objects.filter(pk=counter.pk, open__lt=slot.maximum).update(
-                open=F("open") + 1
-            )
-            if not moved:
-                return slot_refusal(slot)
+            opened = StreamCounter.objects.filter(limit_id=slot.limit_id, open__lt=slot.maximum)
+            if not opened.update(open=F("open") + 1):
+                _get_or_create(StreamCounter, limit_id=slot.limit_id)  # the first stream
+                if not opened.update(open=F("open") + 1):
+                    return slot_refusal(slot)
         return None
 
     def release(
@@ -168,6 +205,9 @@ class DatabaseLimiter:
 
 
 def _locked_bucket(bucket: Bucket, now: datetime) -> TokenBucket:
+    row = TokenBucket.objects.select_for_update().filter(limit_id=bucket.limit_id).first()
+    if row is not None:
+        return row
     _get_or_create(
         TokenBucket,
         limit_id=bucket.limit_id,
@@ -212,50 +252,142 @@ local function store(key, level, at, capacity, rate)
 end
 """
 
-# KEYS: buckets, then slots. ARGV: now, tokens, #buckets, member, slot ttl ms,
-# then capacity and rate per bucket, then the maximum per slot.
-# Returns {0} when admitted, {1, i, level} when bucket i is short, {2, j} when slot j is full.
-_LUA_ACQUIRE = (
+# Holds past their expiry leave a quota (their process died before settling or before
+# writing its reservation); what is left is base + held.
+_LUA_QUOTA = """
+local function expire_holds(q, z, now)
+  local gone = redis.call('ZRANGEBYSCORE', z, '-inf', now)
+  if #gone == 0 then return end
+  local drop = 0
+  for _, m in ipairs(gone) do
+    local v = redis.call('HGET', q, 'h:' .. m)
+    if v then
+      drop = drop + tonumber(v)
+      redis.call('HDEL', q, 'h:' .. m)
+    end
+  end
+  redis.call('ZREMRANGEBYSCORE', z, '-inf', now)
+  if drop > 0 then redis.call('HINCRBY', q, 'held', -drop) end
+end
+local function used(q)
+  local state = redis.call('HMGET', q, 'base', 'held')
+  return tonumber(state[1]) + (tonumber(state[2]) or 0)
+end
+"""
+
+# KEYS: buckets, slots, then a (hash, holds) pair per quota. ARGV: now, tokens, #buckets,
+# member, slot ttl ms, #slots, capacity and rate per bucket, maximum per slot, then
+# maximum, key ttl ms and the hold's expiry (ms) per quota. Quotas are checked first,
+# then buckets, then slots; nothing is charged unless all fit. Returns {0} when admitted,
+# {1, i, level} when bucket i is short, {2, j} when slot j is full, {3, k} when quota k
+# is not seeded, {4, k, used} when quota k is short. Extending a hold is the same call
+# with no slots: the member's hold grows.
+_LUA_ADMIT = (
     _LUA_REFILL
+    + _LUA_QUOTA
     + """
 local now, tokens, nb = now_ms(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local member, ttl = ARGV[4], tonumber(ARGV[5])
+local member, ttl, ns = ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6])
+local sa, qa, qk = 6 + 2 * nb, 6 + 2 * nb + ns, nb + ns
+local nq = (#KEYS - qk) / 2
+for k = 1, nq do
+  local q, z = KEYS[qk + 2 * k - 1], KEYS[qk + 2 * k]
+  if redis.call('HEXISTS', q, 'base') == 0 then return {3, k} end
+  expire_holds(q, z, now)
+  local u = used(q)
+  if u + tokens > tonumber(ARGV[qa + 3 * k - 2]) then return {4, k, u} end
+end
 local levels, ats = {}, {}
 for i = 1, nb do
-  local capacity, rate = tonumber(ARGV[4 + 2 * i]), tonumber(ARGV[5 + 2 * i])
+  local capacity, rate = tonumber(ARGV[5 + 2 * i]), tonumber(ARGV[6 + 2 * i])
   local level, at = refill(KEYS[i], capacity, rate, now)
   if level < tokens then return {1, i, level} end
   levels[i], ats[i] = level, at
 end
-for j = nb + 1, #KEYS do
-  redis.call('ZREMRANGEBYSCORE', KEYS[j], '-inf', now)
-  if redis.call('ZCARD', KEYS[j]) >= tonumber(ARGV[5 + 2 * nb + j - nb]) then return {2, j - nb} end
+for j = 1, ns do
+  local key = KEYS[nb + j]
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+  if redis.call('ZCARD', key) >= tonumber(ARGV[sa + j]) then return {2, j} end
 end
 for i = 1, nb do
-  store(KEYS[i], levels[i] - tokens, ats[i], tonumber(ARGV[4 + 2 * i]), tonumber(ARGV[5 + 2 * i]))
+  store(KEYS[i], levels[i] - tokens, ats[i], tonumber(ARGV[5 + 2 * i]), tonumber(ARGV[6 + 2 * i]))
 end
-for j = nb + 1, #KEYS do
-  redis.call('ZADD', KEYS[j], now + ttl, member)
-  redis.call('PEXPIRE', KEYS[j], ttl)
+for j = 1, ns do
+  redis.call('ZADD', KEYS[nb + j], now + ttl, member)
+  redis.call('PEXPIRE', KEYS[nb + j], ttl)
+end
+for k = 1, nq do
+  local q, z, keep = KEYS[qk + 2 * k - 1], KEYS[qk + 2 * k], tonumber(ARGV[qa + 3 * k - 1])
+  redis.call('HINCRBY', q, 'held', tokens)
+  redis.call('HINCRBY', q, 'h:' .. member, tokens)
+  redis.call('ZADD', z, ARGV[qa + 3 * k], member)
+  redis.call('PEXPIRE', q, keep)
+  redis.call('PEXPIRE', z, keep)
 end
 return {0}
 """
 )
 
-# KEYS: the once-only marker, buckets, then slots. ARGV: now, difference, #buckets, member,
-# marker ttl ms, then capacity and rate per bucket. Returns 0 if already released.
+# KEYS: the once-only marker, buckets, slots, then a (hash, holds) pair per quota. ARGV:
+# now, difference, #buckets, member, marker ttl ms, #slots, capacity and rate per bucket,
+# then the tokens actually used. The member's holds go; what it used joins each quota's
+# base (a quota missing from Redis is seeded later from the database, which has it).
+# Returns 0 if already released.
 _LUA_RELEASE = (
     _LUA_REFILL
     + """
 local now, difference, nb = now_ms(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local member, ns = ARGV[4], tonumber(ARGV[6])
 if not redis.call('SET', KEYS[1], '1', 'NX', 'PX', tonumber(ARGV[5])) then return 0 end
 for i = 1, nb do
-  local capacity, rate = tonumber(ARGV[4 + 2 * i]), tonumber(ARGV[5 + 2 * i])
+  local capacity, rate = tonumber(ARGV[5 + 2 * i]), tonumber(ARGV[6 + 2 * i])
   local level, at = refill(KEYS[i + 1], capacity, rate, now)
   store(KEYS[i + 1], math.min(level + difference, capacity), at, capacity, rate)
 end
-for j = nb + 2, #KEYS do redis.call('ZREM', KEYS[j], ARGV[4]) end
+for j = 1, ns do redis.call('ZREM', KEYS[nb + 1 + j], member) end
+local actual, qk = tonumber(ARGV[7 + 2 * nb]), nb + ns + 1
+for k = qk + 1, #KEYS, 2 do
+  local q, z = KEYS[k], KEYS[k + 1]
+  if redis.call('HEXISTS', q, 'base') == 1 then
+    local held = redis.call('HGET', q, 'h:' .. member)
+    if held then
+      redis.call('HDEL', q, 'h:' .. member)
+      redis.call('HINCRBY', q, 'held', -tonumber(held))
+    end
+    redis.call('ZREM', z, member)
+    redis.call('HINCRBY', q, 'base', actual)
+  end
+end
 return 1
+"""
+)
+
+# KEYS: a quota's hash and holds. ARGV: base, key ttl ms, then member, tokens and expiry
+# (ms) per open hold. Only if the quota is not there yet; returns 1 if seeded.
+_LUA_SEED = """
+if redis.call('HEXISTS', KEYS[1], 'base') == 1 then return 0 end
+local held = 0
+for i = 3, #ARGV, 3 do
+  redis.call('HSET', KEYS[1], 'h:' .. ARGV[i], ARGV[i + 1])
+  redis.call('ZADD', KEYS[2], ARGV[i + 2], ARGV[i])
+  held = held + tonumber(ARGV[i + 1])
+end
+redis.call('HSET', KEYS[1], 'base', ARGV[1], 'held', held)
+redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[2]))
+redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[2]))
+return 1
+"""
+
+# KEYS: a quota's hash and holds. ARGV: now, base (the record). Expired holds go, base is
+# the record; a quota not in Redis is left to be seeded. Returns base + held, or nil.
+_LUA_RECONCILE = (
+    _LUA_REFILL
+    + _LUA_QUOTA
+    + """
+if redis.call('HEXISTS', KEYS[1], 'base') == 0 then return nil end
+expire_holds(KEYS[1], KEYS[2], now_ms(ARGV[1]))
+if ARGV[2] ~= '' then redis.call('HSET', KEYS[1], 'base', ARGV[2]) end
+return used(KEYS[1])
 """
 )
 
@@ -277,9 +409,11 @@ class RedisLimiter:
     def __init__(self, url: str, prefix: str) -> None:
         self.client = _redis_client(url)
         self.prefix = prefix
-        self._acquire = self.client.register_script(_LUA_ACQUIRE)
+        self._admit = self.client.register_script(_LUA_ADMIT)
         self._release = self.client.register_script(_LUA_RELEASE)
         self._available = self.client.register_script(_LUA_AVAILABLE)
+        self._seed = self.client.register_script(_LUA_SEED)
+        self._reconcile = self.client.register_script(_LUA_RECONCILE)
 
     def acquire(
         self,
@@ -290,16 +424,43 @@ class RedisLimiter:
         tokens: int,
         now: datetime,
     ) -> Refusal | None:
+        return self.admit(
+            token=token, buckets=buckets, slots=slots, quotas=[], tokens=tokens, now=now
+        )
+
+    def admit(
+        self,
+        *,
+        token: uuid.UUID,
+        buckets: list[Bucket],
+        slots: list[Slot],
+        quotas: list[Quota],
+        tokens: int,
+        now: datetime,
+        expires_at: datetime | None = None,
+    ) -> Refusal | None:
+        """Quotas, buckets and slots in one script, all or nothing: None when admitted,
+        else the first refusal. Raises :class:`QuotaUnseeded`. The quota
+        holds expire at ``expires_at`` (the reservation's expiry; by default, the slots'
+        ttl from now). With no slots and a held ``token``, this extends its hold."""
+        hold_expiry = _ms(expires_at or now + timedelta(milliseconds=_ttl_ms()))
         keys = [self._bucket_key(b) for b in buckets] + [self._slot_key(s) for s in slots]
-        args: list[Any] = [_ms(now), tokens, len(buckets), str(token), _ttl_ms()]
+        args: list[Any] = [_ms(now), tokens, len(buckets), str(token), _ttl_ms(), len(slots)]
         for bucket in buckets:
             args += [bucket.capacity, bucket.rate]
         args += [slot.maximum for slot in slots]
-        result = self._call(self._acquire, keys, args)
+        for quota in quotas:
+            keys += self._quota_keys(quota.key)
+            args += [quota.maximum, _keep_ms(quota, now), hold_expiry]
+        result = self._call(self._admit, keys, args)
         if result[0] == 1:
             return bucket_refusal(buckets[result[1] - 1], int(result[2]), tokens)
         if result[0] == 2:
             return slot_refusal(slots[result[1] - 1])
+        if result[0] == 3:
+            raise QuotaUnseeded(quotas[result[1] - 1])
+        if result[0] == 4:
+            return quotas[result[1] - 1].refusal(int(result[2]), now)
         return None
 
     def release(
@@ -310,17 +471,50 @@ class RedisLimiter:
         slots: list[Slot],
         difference: int,
         now: datetime,
+        quotas: list[QuotaKey] | None = None,
+        actual: int = 0,
     ) -> None:
+        """Also: the token's quota holds go and ``actual`` joins each quota's base."""
         keys = [f"{self.prefix}released:{token}"]
         keys += [self._bucket_key(b) for b in buckets] + [self._slot_key(s) for s in slots]
         args: list[Any] = [_ms(now), difference, len(buckets), str(token), 2 * _ttl_ms()]
+        args.append(len(slots))
         for bucket in buckets:
             args += [bucket.capacity, bucket.rate]
+        args.append(actual)
+        for key in quotas or []:
+            keys += self._quota_keys(key)
         self._call(self._release, keys, args)
 
     def available(self, bucket: Bucket, now: datetime) -> int:
         args = [_ms(now), bucket.capacity, bucket.rate]
         return int(self._call(self._available, [self._bucket_key(bucket)], args))
+
+    def quota_seed(
+        self,
+        *,
+        quota: Quota,
+        used: int,
+        holds: list[tuple[uuid.UUID, int, datetime]],
+        now: datetime,
+    ) -> None:
+        """Put a quota missing from Redis there: ``used`` as the database records it and
+        the open ``holds`` (token, tokens, expiry). A quota already there is left alone."""
+        args: list[Any] = [used, _keep_ms(quota, now)]
+        for token, tokens, expires_at in holds:
+            args += [str(token), tokens, _ms(expires_at)]
+        self._call(self._seed, self._quota_keys(quota.key), args)
+
+    def quota_used(self, key: QuotaKey, now: datetime, *, record: int | None = None) -> int | None:
+        """What a quota counts (settled plus held), expired holds dropped; None when it is
+        not in Redis. ``record``: the database's figure, which replaces the settled part."""
+        args = [_ms(now), "" if record is None else record]
+        used = self._call(self._reconcile, self._quota_keys(key), args)
+        return None if used is None else int(used)
+
+    def _quota_keys(self, key: QuotaKey) -> list[str]:
+        name = f"{self.prefix}quota:{key.limit_id}:{key.period}:{key.starts_on.isoformat()}"
+        return [name, f"{name}:holds"]
 
     def _bucket_key(self, bucket: Bucket) -> str:
         return f"{self.prefix}bucket:{bucket.limit_id}"
@@ -343,6 +537,12 @@ def _ms(now: datetime | None) -> str:
 
 def _ttl_ms() -> int:
     return int(settings.RESERVATION_TTL_SECONDS * 1000)
+
+
+def _keep_ms(quota: Quota, now: datetime) -> int:
+    """A quota's keys outlive its period by a day (and its holds)."""
+    left = (quota.resets_at - now).total_seconds() + 86_400
+    return int(max(left * 1000, 2 * _ttl_ms()))
 
 
 @functools.cache

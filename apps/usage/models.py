@@ -146,8 +146,11 @@ class Reservation(models.Model):
     """Tokens held for a request in flight, replaced by actual usage when it settles.
 
     ``buckets`` and ``slots`` name the limits whose token bucket and stream slot it holds,
-    in ``store`` (the database, or Redis when configured); ``counters`` the period quota
-    counters it charged (always in the database).
+    in ``store`` (the database, or Redis when configured); ``counters`` the period quotas it
+    charged: the ids of their database counters for the database store, their names
+    (``"<limit id>:<period>:<first day>"``, see :func:`apps.usage.budgets.quota_name`) for
+    Redis, which counts them until the reservation settles into the database counters.
+    A Redis reservation's row may be written after admission (its key taken ahead).
     """
 
     class Store(models.TextChoices):

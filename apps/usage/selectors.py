@@ -12,8 +12,8 @@ from django.db.models.functions import TruncDate
 from django.utils import timezone
 
 from apps.accounts.models import ApiKey, Team
-from apps.usage.budgets import limits_of, period_bounds
-from apps.usage.limiters import LimiterUnavailable, buckets_and_slots, limiter
+from apps.usage.budgets import limits_of, period_bounds, quota_used
+from apps.usage.limiters import LimiterUnavailable, QuotaKey, buckets_and_slots, limiter
 from apps.usage.models import QuotaCounter, Reservation, UsageRecord
 
 GROUPS = {
@@ -108,10 +108,14 @@ def quota_report(
             if quota is None:
                 continue
             starts_on, resets_at = period_bounds(period, now, zone)
-            counter = QuotaCounter.objects.filter(
-                limit=limit, period=period, starts_on=starts_on
-            ).first()
-            used = counter.used if counter else 0
+            key = QuotaKey(limit.pk, period, starts_on)
+            try:
+                used = quota_used(key=key, now=now)
+            except LimiterUnavailable:  # what settled, as the database records it
+                counter = QuotaCounter.objects.filter(
+                    limit=limit, period=period, starts_on=starts_on
+                ).first()
+                used = counter.used if counter else 0
             entry[period] = {
                 "limit": quota,
                 "used": used,

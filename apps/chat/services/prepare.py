@@ -138,6 +138,7 @@ def answer_prepare(
             api_key=caller.api_key,
             tokens=bare.prompt_tokens + output_tokens,
             limits=limits,
+            defer_record=True,  # written with the message rows, while the tier prefills
         )
         if limits
         else None

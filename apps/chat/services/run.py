@@ -51,7 +51,7 @@ from apps.core.exceptions import (
 )
 from apps.core.ids import key_next
 from apps.usage import metrics
-from apps.usage.budgets import budget_settle
+from apps.usage.budgets import budget_settle, reservation_record
 from apps.usage.models import UsageRecord
 from apps.usage.services import usage_record_chat
 from apps.usage.values import Usage
@@ -408,6 +408,8 @@ def _observe(usage: Usage, status: str, error: ApplicationError | None) -> None:
 @transaction.atomic
 def _messages_create(prepared: PreparedAnswer, *, message_id: int, conversation_id: int) -> None:
     caller, team = prepared.caller, prepared.caller.team
+    if prepared.reservation is not None:
+        reservation_record(reservation=prepared.reservation)
     conversation = prepared.conversation
     if conversation is None:
         conversation = conversation_create(caller=caller, title="openai", key=conversation_id)

@@ -1,5 +1,6 @@
-"""The budget race through two real ASGI worker processes sharing one database (and one
-Redis, when configured): 32 streaming answers at once against a 10,000-token daily budget.
+"""The budget race through two real ASGI worker processes sharing one database (and, in
+the second run, one Redis that counts the quotas): 32 streaming answers at once against a
+10,000-token daily budget.
 
 Each answer reserves its prompt plus 1000 output tokens, and the fake tier emits exactly
 1000, so about nine fit. Whatever the interleaving: every response is a whole stream or a
@@ -31,7 +32,7 @@ REQUESTS_PER_WORKER = 16
 
 
 @pytest.fixture
-def workers(asgi_workers: Callable[..., list[str]]) -> list[str]:
+def workers(asgi_workers: Callable[..., list[str]], limiter_store: str) -> list[str]:
     return asgi_workers(
         count=2,
         RATE_LIMIT_REDIS_URL=settings.RATE_LIMIT_REDIS_URL,

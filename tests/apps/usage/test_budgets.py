@@ -1,7 +1,8 @@
 """Atomic token budgets: reserve, extend, settle, refuse with a retry time; never overspend.
 
-Tests taking ``limiter_store`` run twice: buckets and stream slots in the database, then in
-real Redis (its Lua scripts). Period quotas are in the database either way.
+Tests taking ``limiter_store`` run twice: every limit in the database, then in real Redis
+(its Lua scripts: quotas, buckets and slots there, the database keeping the record of what
+settled).
 """
 
 from __future__ import annotations
@@ -23,9 +24,10 @@ from apps.usage.budgets import (
     budget_extend,
     budget_reserve,
     budget_settle,
+    quota_used,
     reservations_release_expired,
 )
-from apps.usage.limiters import buckets_and_slots, limiter
+from apps.usage.limiters import QuotaKey, buckets_and_slots, limiter
 from apps.usage.models import Limit, QuotaCounter, Reservation, UsageRecord
 
 T0 = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
@@ -36,6 +38,11 @@ def available(limit: Limit, now: datetime) -> int:
     bucket, _ = buckets_and_slots(limit)
     assert bucket is not None
     return limiter().available(bucket, now)
+
+
+def counted(limit: Limit, now: datetime = T0) -> int:
+    """What ``limit``'s daily quota counts (settled plus held), in whichever store."""
+    return quota_used(key=QuotaKey(limit.pk, "day", now.date()), now=now)
 
 
 @pytest.fixture
@@ -94,7 +101,7 @@ def test_daily_quota_in_the_team_time_zone_with_refund_on_settle(team: Team) -> 
 @pytest.mark.django_db
 def test_all_or_nothing_across_team_and_key_limits(team: Team, limiter_store: str) -> None:
     key = api_key_create(team=team).api_key
-    Limit.objects.create(team=team, daily_tokens=10_000)
+    team_limit = Limit.objects.create(team=team, daily_tokens=10_000)
     key_limit = Limit.objects.create(
         team=team, api_key=key, burst_tokens=500, tokens_per_minute=500
     )
@@ -102,7 +109,7 @@ def test_all_or_nothing_across_team_and_key_limits(team: Team, limiter_store: st
     with pytest.raises(RateLimited) as refused:
         budget_reserve(team=team, api_key=key, tokens=100, now=T0)
     assert refused.value.code == "key_tokens_per_minute"
-    assert QuotaCounter.objects.get().used == 500  # the refused request charged nothing
+    assert counted(team_limit) == 500  # the refused request charged nothing
     assert available(key_limit, T0) == 0
     other = api_key_create(team=team).api_key  # another key of the team is not throttled
     budget_reserve(team=team, api_key=other, tokens=100, now=T0)
@@ -154,14 +161,14 @@ def test_extend_is_all_or_nothing_and_settles_as_one(
     with pytest.raises(RateLimited) as refused:
         budget_extend(reservation=reservation, tokens=500, now=T0)
     assert refused.value.code == "team_tokens_per_minute"
-    assert QuotaCounter.objects.get().used == 600  # unchanged by the refusal
+    assert counted(limit) == 600  # unchanged by the refusal
     assert Reservation.objects.get().tokens == 600
     budget_extend(reservation=reservation, tokens=400, now=T0)
-    assert QuotaCounter.objects.get().used == 1000
+    assert counted(limit) == 1000
     assert available(limit, T0) == 0
     with committed():
         budget_settle(reservation=reservation, actual=700, now=T0)
-    assert QuotaCounter.objects.get().used == 700
+    assert QuotaCounter.objects.get().used == counted(limit) == 700
     assert available(limit, T0) == 300
     assert Reservation.objects.get().remote_pending is False
 
@@ -217,7 +224,7 @@ def test_concurrent_reservations_never_overspend(team: Team, limiter_store: str)
         thread.join(timeout=120)
     assert sorted(set(outcomes)) == ["admitted", "refused"], outcomes
     assert outcomes.count("admitted") == 10
-    assert QuotaCounter.objects.get().used == 10_000
+    assert counted(limit, datetime.now(UTC)) == 10_000
     assert 10_000 <= available(limit, datetime.now(UTC)) <= 10_001
     assert Reservation.objects.count() == 10
 
