@@ -3,10 +3,11 @@
 What is measured
     For each collection size (``--sizes``, default 10k and 100k vectors), per query:
 
-    app        ``apps.knowledge.services.chunk_search`` with ``top_k=10``: reads the team's
-               collections, embeds the query with the real all-MiniLM-L6-v2, records the
-               embedding usage row, loads the collection's index from the per-process store,
-               searches it and fetches the chunk rows (with their documents) from the DB.
+    app        ``apps.knowledge.services.chunk_search`` with ``top_k=10`` and ``mode="dense"``
+               (what the replica below does): reads the team's collections, embeds the
+               query with the real all-MiniLM-L6-v2, records the embedding usage row,
+               loads the collection's index from the per-process store, searches it and
+               fetches the chunk rows (with their documents) from the DB.
     embed      the query embedding alone: ``embedder().embed([text])``.
     after      what ``chunk_search`` does besides embedding, replicated with the same calls on
                an already embedded query: collection read, usage row, ``index_store().load``
@@ -260,7 +261,7 @@ def measure(fixture: Fixture, *, rounds: int, warmup: int, seed: int) -> Timings
     for number, text in enumerate(texts):
         round_timings = timings if number >= warmup else Timings()
         started = time.perf_counter()
-        results = chunk_search(caller=caller, query=text, top_k=TOP_K)
+        results = chunk_search(caller=caller, query=text, top_k=TOP_K, mode="dense")
         round_timings.add("app", time.perf_counter() - started)
         if len(results) != TOP_K:
             raise RuntimeError(f"chunk_search returned {len(results)} results, not {TOP_K}")

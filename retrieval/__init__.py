@@ -1,4 +1,5 @@
-"""Framework-free retrieval: parsing, token-aware chunking, embedding and FAISS indexes.
+"""Framework-free retrieval: parsing, token-aware chunking, embedding, FAISS and BM25
+indexes, and their fusion.
 
 Nothing here imports Django; the apps call this package, never the reverse.
 """
@@ -19,14 +20,16 @@ from retrieval.errors import (
     RetrievalError,
     UnsupportedDocument,
 )
+from retrieval.fusion import FUSION_DEPTH, RRF_K, fusion_depth, reciprocal_rank_fusion
+from retrieval.hits import Hit
 from retrieval.index import (
-    Hit,
     IndexKind,
     IndexStore,
     VectorIndex,
     gpu_count,
     set_search_threads,
 )
+from retrieval.keyword import KeywordIndex, keyword_tokens
 from retrieval.parsing import (
     Block,
     ParsedDocument,
@@ -36,6 +39,8 @@ from retrieval.parsing import (
 )
 
 __all__ = [
+    "FUSION_DEPTH",
+    "RRF_K",
     "Block",
     "Chunk",
     "DocumentTooLarge",
@@ -47,6 +52,7 @@ __all__ = [
     "IndexCorrupted",
     "IndexKind",
     "IndexStore",
+    "KeywordIndex",
     "ParsedDocument",
     "RetrievalError",
     "SentenceTransformerEmbedder",
@@ -56,9 +62,12 @@ __all__ = [
     "default_model_path",
     "detect_media_type",
     "embedding_text",
+    "fusion_depth",
     "gpu_count",
+    "keyword_tokens",
     "load_embedder",
     "parse_document",
     "pdf_page_count",
+    "reciprocal_rank_fusion",
     "set_search_threads",
 ]

@@ -5,6 +5,8 @@ An index maps chunk ids (int64 database keys) to normalised vectors and answers 
 and renamed into ``<root>/<collection>/<version>.faiss``, and the database row records which
 version is current. A reader therefore either sees the old index or the new one, never a
 torn file, and a write whose transaction rolls back leaves the current version untouched.
+The collection's keyword index (:mod:`retrieval.keyword`) is written beside it at the same
+version, as ``<version>.bm25/``, so one version number names both.
 """
 
 from __future__ import annotations
@@ -12,9 +14,9 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shutil
 import tempfile
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -23,6 +25,8 @@ import numpy as np
 import numpy.typing as npt
 
 from retrieval.errors import IndexCorrupted
+from retrieval.hits import Hit
+from retrieval.keyword import KeywordIndex
 
 logger = logging.getLogger(__name__)
 
@@ -31,12 +35,6 @@ Ids = npt.NDArray[np.int64]
 Vectors = npt.NDArray[np.float32]
 
 HNSW_NEIGHBOURS = 32
-
-
-@dataclass(frozen=True, slots=True)
-class Hit:
-    id: int
-    score: float
 
 
 def set_search_threads(threads: int) -> None:
@@ -103,11 +101,35 @@ class VectorIndex:
         self._searchable = _to_gpu(self._raw)
         return removed
 
-    def search(self, queries: Vectors, k: int) -> list[list[Hit]]:
+    def search(self, queries: Vectors, k: int, *, allowed: Ids | None = None) -> list[list[Hit]]:
+        """The ``k`` nearest vectors to each query, best first.
+
+        ``allowed``: only these ids may be returned. FAISS applies the selector while it
+        scans (flat) or walks the graph (HNSW), so the ``k`` are the best allowed ones,
+        not what is left of an unfiltered top ``k``.
+        """
         queries = _as_matrix(queries, self.dimension)
         if not len(self) or k <= 0:
             return [[] for _ in range(len(queries))]
-        scores, ids = self._searchable.search(queries, min(k, len(self)))
+        if allowed is None:
+            scores, ids = self._searchable.search(queries, min(k, len(self)))
+        else:
+            allowed = np.ascontiguousarray(allowed, dtype=np.int64)
+            if not len(allowed):
+                return [[] for _ in range(len(queries))]
+            k = min(k, len(self), len(allowed))
+            selector = faiss.IDSelectorBatch(allowed)
+            # (faiss's bundled type stubs lack the search parameter classes' fields)
+            if self.kind == "hnsw":
+                # A selective filter leaves few allowed nodes on the graph's paths: widen
+                # the beam so the walk still finds k of them.
+                params: Any = faiss.SearchParametersHNSW(  # type: ignore[attr-defined]
+                    sel=selector, efSearch=max(4 * k, 64)
+                )
+            else:
+                params = faiss.SearchParameters(sel=selector)  # type: ignore[call-arg]
+            # GPU indexes take no selectors: a filtered search runs on the CPU copy.
+            scores, ids = self._raw.search(queries, k, params=params)
         return [
             [Hit(int(i), float(s)) for i, s in zip(row_ids, row_scores, strict=True) if i >= 0]
             for row_ids, row_scores in zip(ids, scores, strict=True)
@@ -161,21 +183,28 @@ def _to_gpu(raw: Any) -> Any:
         return raw
 
 
-_VERSION_FILE = re.compile(r"^(\d+)\.faiss$")
+_VERSION_FILE = re.compile(r"^(\d+)\.(faiss|bm25)$")
 
 
 class IndexStore:
-    """Versioned index files under a root folder, with a per-process cache of loaded ones."""
+    """Versioned index files under a root folder, with a per-process cache of loaded ones.
+
+    Each version of a collection is a vector index file and a keyword index folder.
+    """
 
     def __init__(self, root: Path, *, dimension: int, kind: IndexKind = "flat") -> None:
         self.root = Path(root)
         self.dimension = dimension
         self.kind = kind
         self._cache: dict[str, tuple[int, VectorIndex]] = {}
+        self._keyword_cache: dict[str, tuple[int, KeywordIndex]] = {}
         self._lock = threading.Lock()
 
     def path(self, key: str, version: int) -> Path:
         return self.root / key / f"{version:010d}.faiss"
+
+    def keyword_path(self, key: str, version: int) -> Path:
+        return self.root / key / f"{version:010d}.bm25"
 
     def load(self, key: str, version: int) -> VectorIndex:
         """The index at ``version``; an empty one for version 0 (nothing indexed yet).
@@ -200,12 +229,57 @@ class IndexStore:
             raise IndexCorrupted(f"index file {path} is missing; run index_check --repair")
         return VectorIndex.read(path, dimension=self.dimension)
 
-    def save(self, key: str, version: int, index: VectorIndex) -> Path:
+    def load_keyword(self, key: str, version: int) -> KeywordIndex:
+        """The keyword index at ``version`` (empty at 0), cached like :meth:`load`."""
+        with self._lock:
+            cached = self._keyword_cache.get(key)
+            if cached is not None and cached[0] == version:
+                return cached[1]
+        index = self.load_keyword_copy(key, version)
+        with self._lock:
+            self._keyword_cache[key] = (version, index)
+        return index
+
+    def load_keyword_copy(self, key: str, version: int) -> KeywordIndex:
+        """The keyword index at ``version`` read from disk, bypassing the cache."""
+        if version == 0:
+            return KeywordIndex(np.zeros(0, dtype=np.int64))
+        path = self.keyword_path(key, version)
+        if not path.is_dir():
+            raise IndexCorrupted(f"keyword index {path} is missing; run index_check --repair")
+        return KeywordIndex.read(path)
+
+    def save(
+        self,
+        key: str,
+        version: int,
+        index: VectorIndex,
+        keyword: KeywordIndex | None = None,
+        *,
+        cache: bool = True,
+    ) -> Path:
+        """Write ``version``: the keyword index (when given) first, then the vector file.
+
+        ``cache=False`` leaves the cache alone: for a writer whose version becomes current
+        only when its transaction commits (it calls :meth:`remember` then), so that a
+        rolled-back version never answers a search in this process.
+        """
+        if keyword is not None:
+            keyword.write(self.keyword_path(key, version))
         path = self.path(key, version)
         index.write(path)
+        if cache:
+            self.remember(key, version, index, keyword)
+        return path
+
+    def remember(
+        self, key: str, version: int, index: VectorIndex, keyword: KeywordIndex | None = None
+    ) -> None:
+        """Cache indexes known to be ``version``'s, as if just loaded."""
         with self._lock:
             self._cache[key] = (version, index)
-        return path
+            if keyword is not None:
+                self._keyword_cache[key] = (version, keyword)
 
     def prune(self, key: str, *, keep_from: int) -> None:
         """Delete versions older than ``keep_from`` (kept one behind for in-flight readers)."""
@@ -215,13 +289,19 @@ class IndexStore:
         for entry in folder.iterdir():
             match = _VERSION_FILE.match(entry.name)
             if match and int(match.group(1)) < keep_from:
-                entry.unlink(missing_ok=True)
+                _remove(entry)
 
     def drop(self, key: str) -> None:
         with self._lock:
             self._cache.pop(key, None)
+            self._keyword_cache.pop(key, None)
         folder = self.root / key
         if folder.is_dir():
-            for entry in folder.iterdir():
-                entry.unlink(missing_ok=True)
-            folder.rmdir()
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _remove(entry: Path) -> None:
+    if entry.is_dir():
+        shutil.rmtree(entry, ignore_errors=True)
+    else:
+        entry.unlink(missing_ok=True)

@@ -34,6 +34,7 @@ from apps.core.aio import AsyncApiView, db_call
 from apps.core.pagination import Pagination
 from apps.core.schema import event_stream
 from apps.core.validation import MAX_ID, message_length_check, validated
+from apps.knowledge.apis import SearchFiltersInput, search_mode_field
 
 REPLAY_POLL_SECONDS = 0.2
 ANSWER_EVENTS = ["message", "retrieval", "delta", "reasoning", "usage", "error", "done"]
@@ -174,6 +175,8 @@ class ConversationMessageCreateApi(AsyncApiView):
         )
         stream = serializers.BooleanField(required=False, default=False)
         reasoning = serializers.BooleanField(required=False, default=False)
+        mode = search_mode_field()
+        filters = SearchFiltersInput(required=False)
 
         def validate_content(self, content: str) -> str:
             # Its length is a question of context length: the model's window decides.
@@ -228,6 +231,8 @@ class ConversationMessageCreateApi(AsyncApiView):
             max_tokens=data.get("max_tokens"),
             top_k=data["top_k"],
             rag=data["top_k"] > 0,
+            search_mode=data["mode"],
+            search_filters=data.get("filters"),
             want_reasoning=data["reasoning"],
         )
         stream = data["stream"] or "text/event-stream" in request.headers.get("Accept", "")

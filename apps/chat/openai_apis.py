@@ -28,6 +28,8 @@ from apps.core.aio import AsyncApiView, db_call
 from apps.core.exceptions import InvalidRequest
 from apps.core.schema import event_stream
 from apps.core.validation import MAX_ID, chat_messages_check, validated
+from apps.knowledge.apis import SearchFiltersInput, search_mode_field
+from apps.knowledge.services import DEFAULT_SEARCH_MODE
 from inference import ChatMessage
 
 
@@ -56,6 +58,8 @@ class RagInput(serializers.Serializer[dict[str, Any]]):
         max_length=100,
     )
     top_k = serializers.IntegerField(min_value=0, max_value=settings.MAX_TOP_K, default=5)
+    mode = search_mode_field()
+    filters = SearchFiltersInput(required=False)
 
 
 class StreamOptionsInput(serializers.Serializer[dict[str, Any]]):
@@ -107,7 +111,7 @@ class ChatCompletionsApi(AsyncApiView):
         messages: list[dict[str, str]] = data["messages"]
         if messages[-1]["role"] != "user":
             raise InvalidRequest("The last message must be the user's.", param="messages")
-        rag = data.get("rag") or {"enabled": True, "top_k": 5}
+        rag = data.get("rag") or {"enabled": True, "top_k": 5, "mode": DEFAULT_SEARCH_MODE}
         caller = get_caller(request)
         spec = await services.model_resolve(alias=data["model"])
         prepared = await db_call(
@@ -121,6 +125,8 @@ class ChatCompletionsApi(AsyncApiView):
             max_tokens=data.get("max_completion_tokens") or data.get("max_tokens"),
             top_k=rag["top_k"],
             rag=rag["enabled"] and rag["top_k"] > 0,
+            search_mode=rag["mode"],
+            search_filters=rag.get("filters"),
             history=[_chat(m) for m in messages[:-1] if m["role"] in ("user", "assistant")],
             instructions="\n\n".join(
                 m["content"] for m in messages if m["role"] in ("system", "developer")

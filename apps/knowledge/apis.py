@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from django.conf import settings
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import serializers, status
@@ -220,6 +223,55 @@ class DocumentDetailApi(APIView):
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
+class SearchFiltersInput(serializers.Serializer[services.SearchFilters]):
+    """Metadata filters, applied inside the search (not to its top-k): only chunks that
+    match every filter given are ranked. A filter naming another team's document, or no
+    document at all, matches nothing."""
+
+    document_ids = serializers.ListField(
+        child=serializers.IntegerField(min_value=1, max_value=MAX_ID),
+        required=False,
+        allow_empty=False,
+        max_length=100,
+        help_text="only chunks of these documents",
+    )
+    titles = serializers.ListField(
+        child=serializers.CharField(max_length=300),
+        required=False,
+        allow_empty=False,
+        max_length=100,
+        help_text="only chunks of documents with one of these titles (exact match)",
+    )
+
+    def to_internal_value(self, data: Any) -> services.SearchFilters:  # type: ignore[override]
+        # A misspelt filter must not silently widen the search to everything.
+        unknown = sorted(set(data) - set(self.fields)) if isinstance(data, Mapping) else []
+        if unknown:
+            raise serializers.ValidationError(
+                {
+                    str(unknown[0]): serializers.ErrorDetail(
+                        "Unknown filter: the filters are document_ids and titles.",
+                        code="invalid",
+                    )
+                }
+            )
+        attrs = super().to_internal_value(data)
+        return services.SearchFilters(
+            document_ids=tuple(attrs["document_ids"]) if "document_ids" in attrs else None,
+            titles=tuple(attrs["titles"]) if "titles" in attrs else None,
+        )
+
+
+def search_mode_field() -> serializers.ChoiceField:
+    return serializers.ChoiceField(
+        choices=list(services.SEARCH_MODES),
+        default=services.DEFAULT_SEARCH_MODE,
+        help_text="hybrid (default): meaning and exact words, fused by reciprocal rank; "
+        "dense: meaning only (embeds the query); keyword: BM25 over the words only (no "
+        "embedding, no tokens charged)",
+    )
+
+
 class SearchResultOutput(serializers.Serializer[services.SearchResult]):
     chunk_id = serializers.IntegerField(source="chunk.id")
     document_id = serializers.IntegerField(source="chunk.document_id")
@@ -247,6 +299,8 @@ class SearchApi(APIView):
             max_length=100,
         )
         top_k = serializers.IntegerField(min_value=1, max_value=settings.MAX_TOP_K, default=5)
+        mode = search_mode_field()
+        filters = SearchFiltersInput(required=False)
 
     @extend_schema(
         request=InputSerializer,
@@ -254,18 +308,25 @@ class SearchApi(APIView):
             200: SearchOutput,
             404: OpenApiResponse(description="not_found: a collection named is not the team's"),
             429: OpenApiResponse(
-                description="the query's embedding tokens do not fit the team's or key's limits"
+                description="the query's embedding tokens do not fit the team's or key's "
+                "limits (modes hybrid and dense)"
             ),
         },
     )
     def post(self, request: Request) -> Response:
-        """Retrieval only: the chunks closest to ``query``, best first, across the caller's
-        collections (all of them unless ``collections`` names some)."""
+        """Retrieval only: the chunks best matching ``query``, best first, across the
+        caller's collections (all of them unless ``collections`` names some).
+
+        ``mode``: ``hybrid`` (default; ``score`` is the fused reciprocal-rank score),
+        ``dense`` (cosine similarity) or ``keyword`` (BM25; no tokens charged).
+        ``filters`` narrow the chunks searched by document id or title."""
         data = validated(self.InputSerializer, request)
         results = services.chunk_search(
             caller=get_caller(request),
             query=str(data["query"]),
             collection_ids=data.get("collections"),
             top_k=data["top_k"],
+            mode=data["mode"],
+            filters=data.get("filters"),
         )
         return Response(SearchOutput({"results": results}).data)

@@ -87,3 +87,43 @@ def test_fake_embedder_is_deterministic_normalised_and_lexical() -> None:
     np.testing.assert_allclose(np.linalg.norm(a.vectors, axis=1), 1.0, rtol=1e-6)
     assert float(a.vectors[0] @ a.vectors[1]) == pytest.approx(1.0)
     assert float(a.vectors[0] @ a.vectors[2]) < 0.5
+
+
+@pytest.mark.parametrize("kind", ["flat", "hnsw"])
+def test_a_filter_applies_inside_the_search_not_after_the_top_k(kind: str) -> None:
+    index = VectorIndex(DIM, kind)  # type: ignore[arg-type]
+    data = vectors(200)
+    index.add(np.arange(1, 201, dtype=np.int64), data)
+    query = data[0]
+    ranked = [hit.id for hit in index.search(query, 200)[0]]
+    far = ranked[-3:]  # the three least similar: an unfiltered top 3 never holds them
+    found = index.search(query, 3, allowed=np.array([*far, 99999]))[0]
+    assert sorted(hit.id for hit in found) == sorted(far)
+    assert [hit.id for hit in found] == [i for i in ranked if i in far]
+    assert index.search(query, 3, allowed=np.array([], dtype=np.int64)) == [[]]
+
+
+def test_store_versions_the_keyword_index_with_the_vectors(tmp_path: Path) -> None:
+    from retrieval import KeywordIndex
+
+    store = IndexStore(tmp_path, dimension=DIM)
+    assert len(store.load_keyword("7", 0)) == 0
+    for version in (1, 2, 3):
+        index = VectorIndex(DIM)
+        index.add(np.arange(version, dtype=np.int64), vectors(version))
+        keyword = KeywordIndex.build(list(range(version)), ["alpha beta"] * version)
+        store.save("7", version, index, keyword=keyword)
+    assert store.load_keyword("7", 3) is store.load_keyword("7", 3)
+    store.prune("7", keep_from=2)
+    assert sorted(p.name for p in (tmp_path / "7").iterdir()) == [
+        "0000000002.bm25",
+        "0000000002.faiss",
+        "0000000003.bm25",
+        "0000000003.faiss",
+    ]
+    fresh = IndexStore(tmp_path, dimension=DIM)
+    assert sorted(fresh.load_keyword("7", 2).ids()) == [0, 1]
+    with pytest.raises(IndexCorrupted, match="index_check --repair"):
+        fresh.load_keyword("7", 1)
+    store.drop("7")
+    assert not (tmp_path / "7").exists()

@@ -18,7 +18,13 @@ from apps.accounts.selectors import Caller
 from apps.chat.models import Conversation, Message
 from apps.chat.selectors import conversation_get
 from apps.chat.services.models import ModelSpec, output_tokens_resolve, tokenizer
-from apps.knowledge.services import SearchResult, chunk_search
+from apps.knowledge.services import (
+    DEFAULT_SEARCH_MODE,
+    SearchFilters,
+    SearchMode,
+    SearchResult,
+    chunk_search,
+)
 from apps.usage import metrics
 from apps.usage.budgets import (
     budget_extend,
@@ -87,6 +93,8 @@ def answer_prepare(
     max_tokens: int | None = None,
     top_k: int = 5,
     rag: bool = True,
+    search_mode: SearchMode = DEFAULT_SEARCH_MODE,
+    search_filters: SearchFilters | None = None,
     want_reasoning: bool = False,
     history: list[ChatMessage] | None = None,
     instructions: str = "",
@@ -96,7 +104,8 @@ def answer_prepare(
     ``conversation``: the caller's (or its id; another team's is a 404), or None for a new
     one, written with the messages. ``history`` replaces the conversation's stored turns
     (the OpenAI-compatible surface sends its own); ``instructions`` (a client's system
-    message) follow the system prompt.
+    message) follow the system prompt. ``search_mode`` and ``search_filters`` are those of
+    :func:`apps.knowledge.services.chunk_search`.
     """
     if isinstance(conversation, int):
         conversation = conversation_get(team=caller.team, conversation_id=conversation)
@@ -150,7 +159,12 @@ def answer_prepare(
             if collections is None and conversation is not None:
                 collections = conversation.collection_ids
             results = chunk_search(
-                caller=caller, query=content, collection_ids=collections or None, top_k=top_k
+                caller=caller,
+                query=content,
+                collection_ids=collections or None,
+                top_k=top_k,
+                mode=search_mode,
+                filters=search_filters,
             )
         passages = [
             Passage(r.chunk.document.title, r.chunk.text, tuple(r.chunk.headings)) for r in results

@@ -16,11 +16,22 @@ from apps.knowledge.services.ingestion import (
     documents_requeue_stalled,
     ingestion_enqueue,
 )
-from apps.knowledge.services.search import SearchResult, chunk_search
+from apps.knowledge.services.search import (
+    DEFAULT_SEARCH_MODE,
+    SEARCH_MODES,
+    SearchFilters,
+    SearchMode,
+    SearchResult,
+    chunk_search,
+)
 
 __all__ = [
+    "DEFAULT_SEARCH_MODE",
+    "SEARCH_MODES",
     "STAGE_FUNCTIONS",
     "Accepted",
+    "SearchFilters",
+    "SearchMode",
     "SearchResult",
     "chunk_search",
     "collection_create",

@@ -4,6 +4,11 @@ Writes to a collection's index happen with the collection row locked
 (``select_for_update`` on PostgreSQL; SQLite's IMMEDIATE transactions serialise writers),
 read the current version, write version + 1 atomically and move the row to it in the same
 transaction as the chunk changes they reflect.
+
+Each version is a pair: the FAISS file and the BM25 keyword index. The keyword index is
+rebuilt from the database's chunk texts for exactly the chunk ids the new vector index
+holds (bm25s has no incremental add), so the two always cover the same chunks, and a
+crash anywhere leaves the row on a version whose pair was completely written.
 """
 
 from __future__ import annotations
@@ -22,7 +27,9 @@ from retrieval import (
     Embedder,
     EmbedderUnavailable,
     IndexStore,
+    KeywordIndex,
     VectorIndex,
+    embedding_text,
     load_embedder,
     set_search_threads,
 )
@@ -84,17 +91,46 @@ def collection_index_write(
     version = 0 if from_scratch else collection.index_version
     index = store.load_copy(collection.index_key, version)
     mutate(index)
+    keyword = keyword_index_build(collection_id=collection.pk, ids=index.ids())
     version = collection.index_version + 1
-    store.save(collection.index_key, version, index)
+    store.save(collection.index_key, version, index, keyword=keyword, cache=False)
     Collection.objects.filter(pk=collection.pk).update(index_version=version)
     collection.index_version = version
-    # One version stays behind for searches that read the row just before this commit.
-    transaction.on_commit(lambda: store.prune(collection.index_key, keep_from=version - 1))
+
+    def published() -> None:
+        # Cached only once current: a rolled-back version never answers a search here.
+        store.remember(collection.index_key, version, index, keyword)
+        # One version stays behind for searches that read the row just before this commit.
+        store.prune(collection.index_key, keep_from=version - 1)
+
+    transaction.on_commit(published)
     return collection
 
 
+def keyword_index_build(*, collection_id: int, ids: np.ndarray) -> KeywordIndex:
+    """The BM25 index over the collection's chunks among ``ids``, from their database text.
+
+    Each chunk is indexed as it is embedded (``embedding_text``: the document's title and
+    the chunk's headings, then its text), so a title's words find its chunks too.
+    """
+    wanted = {int(pk) for pk in ids}
+    rows = (
+        Chunk.objects.filter(collection_id=collection_id)
+        .order_by("pk")
+        .values_list("pk", "document__title", "headings", "text")
+    )
+    chunk_ids: list[int] = []
+    texts: list[str] = []
+    for pk, title, headings, text in rows.iterator(chunk_size=2000):
+        if pk in wanted:
+            chunk_ids.append(pk)
+            texts.append(embedding_text(title, tuple(headings), text))
+    return KeywordIndex.build(chunk_ids, texts)
+
+
 def collection_index_rebuild(*, collection_id: int) -> Collection:
-    """Rebuild a collection's index from the vectors kept on its chunks."""
+    """Rebuild a collection's indexes: vectors from those kept on its chunks, keywords from
+    their text."""
     with transaction.atomic():
         chunks = Chunk.objects.filter(collection_id=collection_id, document__status="indexed").only(
             "pk", "embedding"

@@ -1,24 +1,38 @@
-"""Retrieval without generation: embed the query, search the caller's indexes, rank."""
+"""Retrieval without generation: search the caller's indexes by meaning, by words, or both.
+
+``hybrid`` (the default everywhere) fuses the dense (FAISS, MiniLM) and keyword (BM25)
+rankings by reciprocal rank fusion; ``dense`` and ``keyword`` run one of them alone. Only
+the dense part embeds the query, so only it is charged: keyword search costs no tokens.
+"""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal, TypeVar
 
+import numpy as np
 from django.db import transaction
 
 from apps.accounts.selectors import Caller
-from apps.knowledge.models import Chunk, Collection
+from apps.knowledge.models import Chunk, Collection, Document
 from apps.knowledge.selectors import collection_list_readable
-from apps.knowledge.services.indexing import embedder, index_store
+from apps.knowledge.services.indexing import embedder, index_store, keyword_index_build
 from apps.usage.budgets import budget_reserve, budget_settle, limits_of
 from apps.usage.models import UsageRecord
 from apps.usage.services import usage_record_embedding
-from retrieval import Hit, IndexCorrupted, VectorIndex
+from retrieval import Hit, IndexCorrupted, KeywordIndex, fusion_depth, reciprocal_rank_fusion
 
 logger = logging.getLogger(__name__)
 
 SNIPPET_CHARS = 300
+
+SearchMode = Literal["hybrid", "dense", "keyword"]
+SEARCH_MODES: tuple[SearchMode, ...] = ("hybrid", "dense", "keyword")
+DEFAULT_SEARCH_MODE: SearchMode = "hybrid"
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -32,15 +46,101 @@ class SearchResult:
         return text if len(text) <= SNIPPET_CHARS else text[: SNIPPET_CHARS - 1].rstrip() + "…"
 
 
-def chunk_search(
-    *, caller: Caller, query: str, collection_ids: list[int] | None = None, top_k: int = 5
-) -> list[SearchResult]:
-    """The ``top_k`` chunks closest to ``query`` among the collections the caller may read.
+@dataclass(frozen=True)
+class SearchFilters:
+    """Metadata a chunk must match to be searched at all; every filter given must hold.
 
-    Isolation holds before ranking: only the caller's team's indexes are searched at all.
-    The query's embedding tokens are charged to the team.
+    ``document_ids``: chunks of these documents; ``titles``: chunks of documents with one of
+    these titles (exact). A filter naming another team's document matches nothing.
     """
-    collections = collection_list_readable(team=caller.team, ids=collection_ids)
+
+    document_ids: tuple[int, ...] | None = None
+    titles: tuple[str, ...] | None = None
+
+    @property
+    def empty(self) -> bool:
+        return self.document_ids is None and self.titles is None
+
+
+def chunk_search(
+    *,
+    caller: Caller,
+    query: str,
+    collection_ids: list[int] | None = None,
+    top_k: int = 5,
+    mode: SearchMode = DEFAULT_SEARCH_MODE,
+    filters: SearchFilters | None = None,
+) -> list[SearchResult]:
+    """The ``top_k`` best chunks for ``query`` among the collections the caller may read.
+
+    Isolation holds before ranking: only the caller's team's indexes are searched at all,
+    and filters select among the team's own chunks (read from the database) inside each
+    index's search. ``score`` is the cosine similarity (``dense``), the BM25 score
+    (``keyword``) or the fused reciprocal-rank score (``hybrid``). The query's embedding
+    tokens (``dense``, ``hybrid``) are charged to the team.
+    """
+    if mode not in SEARCH_MODES:
+        raise ValueError(f"unknown search mode {mode!r}")
+    collections = [
+        collection
+        for collection in collection_list_readable(team=caller.team, ids=collection_ids)
+        if collection.index_version
+    ]
+    allowed = _allowed_chunks(caller=caller, collections=collections, filters=filters)
+    if allowed is not None:
+        collections = [c for c in collections if len(allowed.get(c.pk, ()))]
+    depth = fusion_depth(top_k) if mode == "hybrid" else top_k
+    rankings: list[list[Hit]] = []
+    if mode != "keyword":
+        rankings.append(
+            _dense_search(
+                caller=caller, query=query, collections=collections, allowed=allowed, k=depth
+            )
+        )
+    if mode != "dense":
+        rankings.append(
+            _keyword_search(query=query, collections=collections, allowed=allowed, k=depth)
+        )
+    best = reciprocal_rank_fusion(rankings, limit=top_k) if mode == "hybrid" else rankings[0]
+    chunks = Chunk.objects.select_related("document").in_bulk([hit.id for hit in best])
+    return [
+        SearchResult(chunks[hit.id], hit.score)
+        for hit in best
+        # A chunk deleted since the index was read is skipped, never another team's.
+        if hit.id in chunks and chunks[hit.id].document.team_id == caller.team.pk
+    ]
+
+
+def _allowed_chunks(
+    *, caller: Caller, collections: list[Collection], filters: SearchFilters | None
+) -> dict[int, np.ndarray] | None:
+    """The chunk ids each collection may return under ``filters``; None: no filter."""
+    if filters is None or filters.empty:
+        return None
+    chunks = Chunk.objects.filter(
+        collection__in=collections,
+        document__team=caller.team,
+        document__status=Document.Status.INDEXED,
+    )
+    if filters.document_ids is not None:
+        chunks = chunks.filter(document_id__in=filters.document_ids)
+    if filters.titles is not None:
+        chunks = chunks.filter(document__title__in=filters.titles)
+    by_collection: dict[int, list[int]] = {}
+    for collection_id, pk in chunks.order_by().values_list("collection_id", "pk"):
+        by_collection.setdefault(collection_id, []).append(pk)
+    return {key: np.asarray(ids, dtype=np.int64) for key, ids in by_collection.items()}
+
+
+def _dense_search(
+    *,
+    caller: Caller,
+    query: str,
+    collections: list[Collection],
+    allowed: dict[int, np.ndarray] | None,
+    k: int,
+) -> list[Hit]:
+    """Embed the query (charged) and search each collection's vector index."""
     model = embedder()
     # Held before embedding, like every other token: a team past its quota gets its 429
     # here, not free compute; settled to the exact count once the search has succeeded.
@@ -60,8 +160,9 @@ def chunk_search(
         embedded = model.embed([query])
         hits: list[Hit] = []
         for collection in collections:
-            if collection.index_version:
-                hits.extend(_index_for(collection).search(embedded.vectors, top_k)[0])
+            index = _loaded(collection, index_store().load)
+            subset = None if allowed is None else allowed[collection.pk]
+            hits.extend(index.search(embedded.vectors, k, allowed=subset)[0])
     except BaseException:
         if reservation is not None:
             budget_settle(reservation=reservation, actual=0)  # a failed search costs nothing
@@ -77,22 +178,48 @@ def chunk_search(
             api_key=caller.api_key,
             user=caller.user,
         )
-    hits.sort(key=lambda hit: hit.score, reverse=True)
-    best = hits[:top_k]
-    chunks = Chunk.objects.select_related("document").in_bulk([hit.id for hit in best])
-    return [
-        SearchResult(chunks[hit.id], hit.score)
-        for hit in best
-        # A chunk deleted since the index was read is skipped, never another team's.
-        if hit.id in chunks and chunks[hit.id].document.team_id == caller.team.pk
-    ]
+    hits.sort(key=lambda hit: (-hit.score, hit.id))
+    return hits[:k]
 
 
-def _index_for(collection: Collection) -> VectorIndex:
+def _keyword_search(
+    *, query: str, collections: list[Collection], allowed: dict[int, np.ndarray] | None, k: int
+) -> list[Hit]:
+    """Search each collection's BM25 index; no model runs, nothing is charged."""
+    hits: list[Hit] = []
+    for collection in collections:
+        index = _keyword_index_for(collection)
+        subset = None if allowed is None else allowed[collection.pk]
+        hits.extend(index.search(query, k, allowed=subset))
+    hits.sort(key=lambda hit: (-hit.score, hit.id))
+    return hits[:k]
+
+
+def _keyword_index_for(collection: Collection) -> KeywordIndex:
+    """The collection's keyword index; one indexed before keyword indexes existed gets its
+    index built once, from the database, for the chunks its current vector index holds
+    (as ``index_check --repair`` would), so an upgrade needs no manual step."""
     store = index_store()
     try:
-        return store.load(collection.index_key, collection.index_version)
+        return _loaded(collection, store.load_keyword)
+    except IndexCorrupted:
+        vectors = _loaded(collection, store.load)
+        if not store.path(collection.index_key, collection.index_version).exists():
+            raise
+        logger.warning(
+            "collection %s: no keyword index at version %s; building it from the database",
+            collection.pk,
+            collection.index_version,
+        )
+        keyword = keyword_index_build(collection_id=collection.pk, ids=vectors.ids())
+        keyword.write(store.keyword_path(collection.index_key, collection.index_version))
+        return _loaded(collection, store.load_keyword)
+
+
+def _loaded(collection: Collection, load: Callable[[str, int], T]) -> T:
+    try:
+        return load(collection.index_key, collection.index_version)
     except IndexCorrupted:
         # Two writes since this request read the row may have pruned its version.
         collection.refresh_from_db(fields=["index_version"])
-        return store.load(collection.index_key, collection.index_version)
+        return load(collection.index_key, collection.index_version)

@@ -1,0 +1,298 @@
+"""Search modes, metadata filters and the keyword index beside the vector index (fake
+embedder, real FAISS and bm25s)."""
+
+from collections.abc import Callable
+from io import StringIO
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.db import transaction
+from rest_framework.test import APIClient
+
+from apps.accounts.models import Team
+from apps.knowledge.models import Chunk, Collection, Document
+from apps.knowledge.services import (
+    collection_index_rebuild,
+    document_delete,
+    document_ingest,
+    document_reingest,
+    index_store,
+)
+from apps.knowledge.services.indexing import collection_index_write
+from apps.usage.models import Limit, QuotaCounter, Reservation, UsageRecord
+from tests import factories
+from tests.apps.accounts.test_auth import error_of
+
+pytestmark = pytest.mark.django_db
+
+MODES = ["hybrid", "dense", "keyword"]
+
+
+def search(api: APIClient, **body: object) -> list[dict[str, object]]:
+    response = api.post("/api/v1/search", body, format="json")
+    assert response.status_code == 200, response.content
+    return response.json()["results"]  # type: ignore[no-any-return]
+
+
+def keyword_ids(collection: Collection) -> set[int]:
+    collection.refresh_from_db()
+    index = index_store().load_keyword_copy(collection.index_key, collection.index_version)
+    return set(index.ids().tolist())
+
+
+def vector_ids(collection: Collection) -> set[int]:
+    collection.refresh_from_db()
+    index = index_store().load_copy(collection.index_key, collection.index_version)
+    return set(index.ids().tolist())
+
+
+def chunk_ids(collection: Collection) -> set[int]:
+    return set(
+        Chunk.objects.filter(collection=collection, document__status="indexed").values_list(
+            "pk", flat=True
+        )
+    )
+
+
+@pytest.fixture
+def library(team: Team) -> Collection:
+    collection = factories.collection(team=team, name="library")
+    factories.document(
+        collection=collection, title="Fans", text="Replacement fans ship as XQ-7781-B."
+    )
+    factories.document(collection=collection, title="Soup", text="The cafeteria serves soup.")
+    return collection
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_each_mode_finds_by_its_own_means(api: APIClient, library: Collection, mode: str) -> None:
+    results = search(api, query="XQ-7781-B fans", mode=mode, top_k=2)
+    assert results[0]["title"] == "Fans"
+    if mode == "keyword":  # only chunks holding a query term, scored by BM25
+        assert [r["title"] for r in results] == ["Fans"]
+    if mode == "hybrid":  # fused reciprocal ranks: first in both lists
+        assert results[0]["score"] == pytest.approx(2 / 61)
+
+
+def test_the_default_mode_is_hybrid(api: APIClient, library: Collection) -> None:
+    default = search(api, query="cafeteria soup")
+    assert default == search(api, query="cafeteria soup", mode="hybrid")
+    assert default[0]["score"] == pytest.approx(2 / 61)
+
+
+def test_keyword_mode_charges_nothing_and_dense_modes_charge_the_query(
+    api: APIClient, team: Team, library: Collection
+) -> None:
+    Limit.objects.create(team=team, daily_tokens=1_000)
+    before = UsageRecord.objects.filter(operation="query").count()
+    assert search(api, query="cafeteria soup", mode="keyword")
+    assert UsageRecord.objects.filter(operation="query").count() == before
+    assert not QuotaCounter.objects.exists() or QuotaCounter.objects.get().used == 0
+    for mode in ("dense", "hybrid"):
+        search(api, query="cafeteria soup", mode=mode)
+    records = UsageRecord.objects.filter(operation="query")
+    assert records.count() == before + 2
+    assert QuotaCounter.objects.get().used == sum(r.total_tokens for r in records)
+    assert not Reservation.objects.filter(settled_at__isnull=True).exists()
+
+
+def test_keyword_mode_needs_no_room_in_the_quota(
+    api: APIClient, team: Team, library: Collection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    Limit.objects.create(team=team, daily_tokens=1)
+    from apps.knowledge.services import embedder
+
+    monkeypatch.setattr(embedder(), "embed", lambda texts: pytest.fail("embedded"))
+    assert search(api, query="soup", mode="keyword")[0]["title"] == "Soup"
+    response = api.post("/api/v1/search", {"query": "soup", "mode": "dense"}, format="json")
+    assert (response.status_code, error_of(response)["code"]) == (429, "team_quota_exceeded")
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"mode": "fuzzy"}, "mode"),
+        ({"mode": None}, "mode"),
+        ({"filters": {"document_id": [1]}}, "filters.document_id"),
+        ({"filters": {"document_ids": []}}, "filters.document_ids"),
+        ({"filters": {"document_ids": [0]}}, "filters.document_ids.0"),
+        ({"filters": {"titles": "Fans"}}, "filters.titles"),
+        ({"filters": []}, "filters"),
+    ],
+)
+def test_bad_modes_and_filters_are_400_invalid_value(
+    api: APIClient, body: dict[str, object], param: str
+) -> None:
+    response = api.post("/api/v1/search", {"query": "x", **body}, format="json")
+    assert response.status_code == 400
+    error = error_of(response)
+    assert (error["code"], error["param"]) == ("invalid_value", param)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_filters_apply_inside_the_search_not_after_the_top_k(
+    api: APIClient, team: Team, mode: str
+) -> None:
+    collection = factories.collection(team=team, name="many")
+    for i in range(12):
+        factories.document(
+            collection=collection, title=f"Pump {i}", text=f"Pump {i} pressure valve manual."
+        )
+    target = factories.document(
+        collection=collection, title="Valve", text="The pressure valve of pump 12, briefly."
+    )
+    unfiltered = search(api, query="pump pressure valve manual", mode=mode, top_k=1)
+    assert unfiltered[0]["document_id"] != target.pk
+    by_id = search(
+        api,
+        query="pump pressure valve manual",
+        mode=mode,
+        top_k=1,
+        filters={"document_ids": [target.pk]},
+    )
+    assert [r["document_id"] for r in by_id] == [target.pk]
+    by_title = search(
+        api, query="pump pressure valve", mode=mode, top_k=5, filters={"titles": ["Valve"]}
+    )
+    assert [r["title"] for r in by_title] == ["Valve"]
+    both = search(
+        api,
+        query="pump pressure valve",
+        mode=mode,
+        filters={"document_ids": [target.pk], "titles": ["Pump 3"]},
+    )
+    assert both == []  # every filter given must hold
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_filters_never_leak_another_teams_chunk(
+    api: APIClient, other_team: Team, api_as: Callable[..., APIClient], team: Team, mode: str
+) -> None:
+    theirs = factories.collection(team=other_team, name="vault")
+    secret = factories.document(
+        collection=theirs, title="Vault", text="The vault combination is 4-8-15-16-23-42."
+    )
+    own = factories.collection(team=team, name="own")
+    factories.document(collection=own, title="Vault", text="Our vault holds the old menus.")
+    for filters in (
+        {"document_ids": [secret.pk]},
+        {"titles": ["Vault"]},
+        {"document_ids": [secret.pk], "titles": ["Vault"]},
+    ):
+        results = search(api, query="vault combination", mode=mode, top_k=50, filters=filters)
+        assert all(r["collection_id"] == own.pk for r in results), filters
+        assert secret.pk not in {r["document_id"] for r in results}
+    # The owner finds it with the same filter.
+    mine = api_as(other_team).post(
+        "/api/v1/search",
+        {"query": "vault combination", "mode": mode, "filters": {"document_ids": [secret.pk]}},
+        format="json",
+    )
+    assert [r["document_id"] for r in mine.json()["results"]] == [secret.pk]
+
+
+def test_keyword_index_follows_ingest_delete_and_reingest(api: APIClient, team: Team) -> None:
+    collection = factories.collection(team=team, name="changing")
+    first = factories.document(
+        collection=collection, title="Gear", text="The gearbox part is GBX-4410."
+    )
+    second = factories.document(
+        collection=collection, title="Belt", text="The drive belt part is DBT-9921."
+    )
+    assert keyword_ids(collection) == vector_ids(collection) == chunk_ids(collection)
+    assert search(api, query="GBX-4410", mode="keyword")[0]["document_id"] == first.pk
+
+    document_delete(document=first)
+    assert keyword_ids(collection) == vector_ids(collection) == chunk_ids(collection)
+    assert search(api, query="GBX-4410", mode="keyword") == []
+
+    old = chunk_ids(collection)
+    reingesting = document_reingest(document=second)
+    assert keyword_ids(collection) == set() and search(api, query="DBT-9921", mode="keyword") == []
+    document_ingest(document_id=reingesting.pk)
+    assert keyword_ids(collection) == vector_ids(collection) == chunk_ids(collection)
+    assert not keyword_ids(collection) & old
+    assert search(api, query="DBT-9921", mode="keyword")[0]["document_id"] == second.pk
+
+
+def test_a_rolled_back_write_leaves_both_indexes_at_the_committed_version(
+    api: APIClient, team: Team
+) -> None:
+    collection = factories.collection(team=team, name="crash")
+    document = factories.document(collection=collection, title="Gear", text="Part GBX-4410.")
+    collection.refresh_from_db()
+    committed = collection.index_version
+
+    class Crash(Exception):
+        pass
+
+    with pytest.raises(Crash), transaction.atomic():
+        collection_index_write(
+            collection_id=collection.pk, mutate=lambda index: index.remove(index.ids())
+        )
+        raise Crash  # the process dies before the commit: files written, row not moved
+    collection.refresh_from_db()
+    assert collection.index_version == committed
+    orphan = index_store().keyword_path(collection.index_key, committed + 1)
+    assert orphan.is_dir()  # written, never published
+    assert search(api, query="GBX-4410", mode="keyword")[0]["document_id"] == document.pk
+    call_command("index_check", stdout=StringIO())  # consistent with the database
+
+    # The next write takes the orphan's version number and replaces it whole.
+    factories.document(collection=collection, title="Belt", text="Part DBT-9921.")
+    assert keyword_ids(collection) == vector_ids(collection) == chunk_ids(collection)
+    assert len(chunk_ids(collection)) == 2
+    assert search(api, query="GBX-4410", mode="keyword")[0]["document_id"] == document.pk
+
+
+def test_index_check_covers_the_keyword_index(team: Team) -> None:
+    collection = factories.collection(team=team, name="checked")
+    factories.document(collection=collection, title="Gear", text="The gearbox part is GBX-4410.")
+    out = StringIO()
+    call_command("index_check", stdout=out)
+    assert "ok     acme/checked: 1 vectors, 1 keyword entries" in out.getvalue()
+
+    collection.refresh_from_db()
+    store = index_store()
+    key, version = collection.index_key, collection.index_version
+    # A keyword index that lost its folder, then one that holds the wrong chunks.
+    import shutil
+
+    shutil.rmtree(store.keyword_path(key, version))
+    with pytest.raises(CommandError, match="1 collection"):
+        call_command("index_check", stdout=StringIO())
+    out = StringIO()
+    call_command("index_check", "--repair", stdout=out)
+    assert "keyword index unreadable" in out.getvalue() and "vector index ok" in out.getvalue()
+    assert keyword_ids(collection) == chunk_ids(collection)
+
+    collection.refresh_from_db()
+    from retrieval import KeywordIndex
+
+    KeywordIndex.build([999], ["stray"]).write(
+        store.keyword_path(collection.index_key, collection.index_version)
+    )
+    out = StringIO()
+    with pytest.raises(CommandError):
+        call_command("index_check", stdout=out)
+    assert "keyword index 1 (missing 1, extra 1)" in out.getvalue()
+    collection_index_rebuild(collection_id=collection.pk)
+    call_command("index_check", stdout=StringIO())
+    assert keyword_ids(collection) == chunk_ids(collection)
+    assert Document.objects.get().status == "indexed"
+
+
+def test_a_collection_indexed_before_keyword_indexes_gets_one_at_its_first_search(
+    api: APIClient, library: Collection, caplog: pytest.LogCaptureFixture
+) -> None:
+    import shutil
+
+    library.refresh_from_db()
+    store = index_store()
+    shutil.rmtree(store.keyword_path(library.index_key, library.index_version))
+    store._keyword_cache.clear()  # as a web process started after the upgrade
+    results = search(api, query="XQ-7781-B fans", mode="keyword")
+    assert [r["title"] for r in results] == ["Fans"]
+    assert "building it from the database" in caplog.text
+    assert keyword_ids(library) == vector_ids(library) == chunk_ids(library)
