@@ -76,10 +76,12 @@ WORKDIR /app
 COPY . /app
 
 # Static files are collected into the image at build time. Production settings refuse to
-# load without DJANGO_SECRET_KEY, DATABASE_URL, REDIS_URL and DJANGO_ALLOWED_HOSTS, so
-# this one command gets throwaway values (collectstatic opens no database or broker);
+# load without DJANGO_SECRET_KEY, DATABASE_URL, REDIS_URL, DJANGO_ALLOWED_HOSTS and
+# RAGTIER_ENCRYPTION_KEYS, so this one command gets throwaway values (collectstatic opens no
+# database or broker and encrypts nothing: the key is "build-only-not-a-secret-00000000");
 # they are not ENV and never reach the final image's environment.
 RUN DJANGO_SECRET_KEY=build-only \
+    RAGTIER_ENCRYPTION_KEYS=YnVpbGQtb25seS1ub3QtYS1zZWNyZXQtMDAwMDAwMDA= \
     DATABASE_URL=sqlite:////tmp/collectstatic.sqlite3 \
     REDIS_URL=redis://127.0.0.1:6379/0 \
     DJANGO_ALLOWED_HOSTS=localhost \

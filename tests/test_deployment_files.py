@@ -246,7 +246,7 @@ def test_secret_key_is_build_only(stages: list[dict[str, Any]]) -> None:
     assert "DJANGO_SECRET_KEY=build-only" in collect[0]
     assert collect[0].index("DJANGO_SECRET_KEY=build-only") < command_at
     # Production settings refuse to load without these: give the build command dummies.
-    for var in ("DATABASE_URL", "REDIS_URL", "DJANGO_ALLOWED_HOSTS"):
+    for var in ("DATABASE_URL", "REDIS_URL", "DJANGO_ALLOWED_HOSTS", "RAGTIER_ENCRYPTION_KEYS"):
         match = re.search(rf"\b{var}=\S+", collect[0])
         assert match and match.start() < command_at, f"{var} unset for collectstatic"
 
@@ -465,6 +465,7 @@ def test_app_services_environment(services: dict[str, dict[str, Any]]) -> None:
             env.get("DATABASE_URL", ""),
         ), f"{name}: DATABASE_URL={env.get('DATABASE_URL')!r}"
         assert env.get("DJANGO_SECRET_KEY", "").startswith("${DJANGO_SECRET_KEY")
+        assert env.get("RAGTIER_ENCRYPTION_KEYS", "").startswith("${RAGTIER_ENCRYPTION_KEYS:?")
         assert env.get("DJANGO_ALLOWED_HOSTS", "").startswith("${DJANGO_ALLOWED_HOSTS")
 
 

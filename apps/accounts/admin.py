@@ -37,7 +37,7 @@ class MembershipInline(admin.TabularInline):
 
 @admin.register(Team)
 class TeamAdmin(admin.ModelAdmin):
-    list_display = ["name", "time_zone", "queue_weight", "created_at", "usage"]
+    list_display = ["name", "time_zone", "queue_weight", "retention_days", "created_at", "usage"]
     search_fields = ["name"]
     inlines = [MembershipInline]
     change_form_template = "admin/accounts/team/change_form.html"

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from django.conf import settings
+from django.core.validators import MinValueValidator
 from django.db import models
 
 
@@ -13,6 +14,13 @@ class Team(models.Model):
         default=1,
         help_text="share of the inference tier while requests queue: a team of weight 2 "
         "is served two requests for every one of a team of weight 1",
+    )
+    retention_days = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text="conversations, messages and their answer events older than this many "
+        "days are purged (hourly); empty: kept. Usage rows are kept either way",
     )
     members = models.ManyToManyField(
         settings.AUTH_USER_MODEL, through="Membership", related_name="teams"

@@ -16,6 +16,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from apps.accounts.permissions import TeamRateThrottle, get_caller
+from apps.accounts.selectors import Caller
 from apps.chat import selectors, services
 from apps.chat.events import event_store
 from apps.chat.models import Conversation, Message
@@ -31,8 +32,14 @@ from apps.chat.sse import (
 )
 from apps.chat.wire import NativeWire, answer_respond
 from apps.core.aio import AsyncApiView, db_call
+from apps.core.idempotency import (
+    REPLAYED_HEADER,
+    idempotency_release,
+    idempotency_request_claim,
+)
+from apps.core.models import IdempotencyKey
 from apps.core.pagination import Pagination
-from apps.core.schema import event_stream
+from apps.core.schema import IDEMPOTENCY_RESPONSES, event_stream, idempotency_key_parameter
 from apps.core.validation import MAX_ID, message_length_check, validated
 from apps.knowledge.apis import SearchFiltersInput, search_mode_field
 
@@ -185,7 +192,9 @@ class ConversationMessageCreateApi(AsyncApiView):
 
     @extend_schema(
         request=InputSerializer,
+        parameters=[idempotency_key_parameter()],
         responses={
+            **IDEMPOTENCY_RESPONSES,
             (201, "application/json"): AnswerOutput,
             (200, "text/event-stream"): event_stream(
                 "Server-Sent Events: message, retrieval, delta, reasoning, usage, error, done",
@@ -221,22 +230,55 @@ class ConversationMessageCreateApi(AsyncApiView):
         """
         caller = get_caller(request)
         data = validated(self.InputSerializer, request)
-        spec = await services.model_resolve(alias=data.get("model"))
-        prepared = await db_call(services.answer_prepare)(
-            caller=caller,
-            conversation=conversation_id,
-            content=data["content"],
-            spec=spec,
-            collection_ids=data.get("collections"),
-            max_tokens=data.get("max_tokens"),
-            top_k=data["top_k"],
-            rag=data["top_k"] > 0,
-            search_mode=data["mode"],
-            search_filters=data.get("filters"),
-            want_reasoning=data["reasoning"],
-        )
         stream = data["stream"] or "text/event-stream" in request.headers.get("Accept", "")
-        return await answer_respond(prepared, wire=NativeWire(), stream=stream)
+        claim = await db_call(idempotency_request_claim)(
+            request=request, team=caller.team, body=data
+        )
+        if claim is not None and claim.status == IdempotencyKey.Status.COMPLETE:
+            return await message_replay(caller=caller, claim=claim, stream=stream)
+        try:
+            spec = await services.model_resolve(alias=data.get("model"))
+            prepared = await db_call(services.answer_prepare)(
+                caller=caller,
+                conversation=conversation_id,
+                content=data["content"],
+                spec=spec,
+                collection_ids=data.get("collections"),
+                max_tokens=data.get("max_tokens"),
+                top_k=data["top_k"],
+                rag=data["top_k"] > 0,
+                search_mode=data["mode"],
+                search_filters=data.get("filters"),
+                want_reasoning=data["reasoning"],
+            )
+            return await answer_respond(prepared, wire=NativeWire(), stream=stream, claim=claim)
+        except BaseException:
+            if claim is not None:  # nothing to replay: a retry runs afresh
+                await asyncio.shield(db_call(idempotency_release)(claim=claim))
+            raise
+
+
+async def message_replay(
+    *, caller: Caller, claim: IdempotencyKey, stream: bool
+) -> HttpResponseBase:
+    """What a retry with the same ``Idempotency-Key`` gets: the first answer's events
+    replayed (a stream), or its stored message (JSON); nothing generated or charged."""
+    assert claim.resource_id is not None  # noqa: S101 - a completed claim names its message
+    message = await db_call(selectors.message_get)(team=caller.team, message_id=claim.resource_id)
+    response: HttpResponseBase
+    if stream:
+        response = event_stream_response(_replay(message.pk, 0))
+    else:
+        body = {
+            "id": message.pk,
+            "content": message.content,
+            "citations": message.citations,
+            "usage": selectors.message_usage(message=message).as_dict(),
+            "finish_reason": message.finish_reason,
+        }
+        response = Response(body, status=claim.response_status or status.HTTP_201_CREATED)
+    response[REPLAYED_HEADER] = "true"
+    return response
 
 
 class MessageEventsApi(APIView):

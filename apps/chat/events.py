@@ -1,15 +1,19 @@
 """Where an answer's events are kept for replay and resume: Redis when configured (a list
-per message, with a TTL), else the database. Both number events 1, 2, 3… per message."""
+per message, with a TTL), else the database. Both number events 1, 2, 3… per message, and
+both keep them encrypted (:mod:`apps.core.crypto`): they hold the answer's text."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from typing import Any, Protocol
 
+import redis
 from django.conf import settings
 
 from apps.chat.models import MessageEvent
 from apps.core.aio import db_call, redis_client
+from apps.core.crypto import decrypt_bytes, encrypt_bytes
 
 
 class EventStore(Protocol):
@@ -48,19 +52,19 @@ class RedisEventStore:
 
     @staticmethod
     def key(message_id: int) -> str:
-        return f"ragtier:events:{message_id}"
+        return event_buffer_key(message_id)
 
     async def append(self, message_id: int, events: list[tuple[int, str, dict[str, Any]]]) -> None:
         key = self.key(message_id)
         async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.rpush(key, *(json.dumps([s, e, d]) for s, e, d in events))
+            pipe.rpush(key, *(_seal([s, e, d]) for s, e, d in events))
             pipe.expire(key, self._ttl)
             await pipe.execute()
 
     async def after(self, message_id: int, seq: int) -> list[tuple[int, str, dict[str, Any]]]:
         # Event n sits at index n - 1, so the events after ``seq`` start at index ``seq``.
         raw = await self._redis.lrange(self.key(message_id), seq, -1)
-        return [tuple(json.loads(item)) for item in raw]  # type: ignore[misc]
+        return [tuple(_open(item)) for item in raw]  # type: ignore[misc]
 
     async def aclose(self) -> None:
         pass  # the client is shared by every answer of this event loop
@@ -71,3 +75,41 @@ def event_store() -> EventStore:
     if settings.STREAM_BUFFER_REDIS_URL:
         return RedisEventStore(settings.STREAM_BUFFER_REDIS_URL, settings.STREAM_BUFFER_TTL)
     return DatabaseEventStore()
+
+
+EVENT_BUFFER_PREFIX = "ragtier:events:"
+
+
+def event_buffer_key(message_id: int) -> str:
+    return f"{EVENT_BUFFER_PREFIX}{message_id}"
+
+
+def _seal(event: list[Any]) -> bytes:
+    return encrypt_bytes(json.dumps(event, ensure_ascii=False).encode("utf-8"))
+
+
+def _open(item: bytes) -> list[Any]:
+    if item.startswith(b"["):  # written in clear before encryption; gone within the TTL
+        return json.loads(item)  # type: ignore[no-any-return]
+    return json.loads(decrypt_bytes(item))  # type: ignore[no-any-return]
+
+
+def event_buffers_delete(*, message_ids: Iterable[int]) -> int:
+    """Drop the Redis copies of these messages' events (sync: deletes, purges, commands).
+    The database copies go with their message rows."""
+    url = settings.STREAM_BUFFER_REDIS_URL
+    keys = [event_buffer_key(message_id) for message_id in message_ids]
+    if not url or not keys:
+        return 0
+    client = redis.Redis.from_url(
+        url,
+        socket_connect_timeout=settings.REDIS_CONNECT_TIMEOUT,
+        socket_timeout=settings.REDIS_SOCKET_TIMEOUT,
+    )
+    deleted = 0
+    try:
+        for start in range(0, len(keys), 500):
+            deleted += int(client.delete(*keys[start : start + 500]))
+    finally:
+        client.close()
+    return deleted

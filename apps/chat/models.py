@@ -4,6 +4,7 @@ from django.conf import settings
 from django.db import models
 
 from apps.accounts.models import ApiKey, Team
+from apps.core.fields import EncryptedJSONField, EncryptedTextField
 
 
 class Conversation(models.Model):
@@ -29,6 +30,8 @@ class Conversation(models.Model):
 class Message(models.Model):
     """One turn. An assistant message carries its citations and its exact usage.
 
+    ``content`` and ``reasoning`` are encrypted at rest (:mod:`apps.core.crypto`).
+
     ``prompt_tokens`` includes ``cached_tokens``; ``completion_tokens`` includes
     ``reasoning_tokens``.
     """
@@ -48,8 +51,8 @@ class Message(models.Model):
     )
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="messages")
     role = models.CharField(max_length=16, choices=Role.choices)
-    content = models.TextField(blank=True)
-    reasoning = models.TextField(blank=True)
+    content = EncryptedTextField(blank=True)
+    reasoning = EncryptedTextField(blank=True)
     citations = models.JSONField(default=list, blank=True)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.COMPLETE)
     cancel_requested = models.BooleanField(default=False)
@@ -78,12 +81,13 @@ class Message(models.Model):
 
 
 class MessageEvent(models.Model):
-    """The SSE events of an answer, kept for replay and resume (``Last-Event-ID``)."""
+    """The SSE events of an answer, kept for replay and resume (``Last-Event-ID``);
+    ``data`` (answer text among it) is encrypted at rest."""
 
     message = models.ForeignKey(Message, on_delete=models.CASCADE, related_name="events")
     seq = models.PositiveIntegerField()
     event = models.CharField(max_length=16)
-    data = models.JSONField()
+    data = EncryptedJSONField()
 
     class Meta:
         ordering = ["message_id", "seq"]

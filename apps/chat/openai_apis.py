@@ -78,6 +78,11 @@ class ChatCompletionsApi(AsyncApiView):
         max_tokens = serializers.IntegerField(required=False, min_value=1)
         max_completion_tokens = serializers.IntegerField(required=False, min_value=1)
         rag = RagInput(required=False)
+        store = serializers.BooleanField(
+            required=False,
+            help_text="keep the exchange as a conversation (default: OPENAI_STORE_DEFAULT, "
+            "off); the usage row is written either way",
+        )
 
     @extend_schema(
         request=InputSerializer,
@@ -118,7 +123,7 @@ class ChatCompletionsApi(AsyncApiView):
             services.answer_prepare
         )(
             caller=caller,
-            conversation=None,  # a new one, written with the messages
+            conversation=None,  # a new one, written with the messages if stored
             content=messages[-1]["content"],
             spec=spec,
             collection_ids=rag.get("collections"),
@@ -131,6 +136,7 @@ class ChatCompletionsApi(AsyncApiView):
             instructions="\n\n".join(
                 m["content"] for m in messages if m["role"] in ("system", "developer")
             ),
+            store=data.get("store", settings.OPENAI_STORE_DEFAULT),
         )
         include_usage = (data.get("stream_options") or {}).get("include_usage", False)
         wire = OpenAIWire(include_usage=include_usage)

@@ -11,6 +11,7 @@ from django.utils import timezone
 from apps.accounts.models import Team
 from apps.chat.models import Conversation, Message
 from apps.core.exceptions import NotFound
+from apps.usage.values import USAGE_COLUMNS, Usage
 
 
 def conversation_list(*, team: Team) -> QuerySet[Conversation]:
@@ -46,3 +47,12 @@ def message_state(*, message_id: int) -> MessageState:
     )[0]
     age = (timezone.now() - row.pop("created_at")).total_seconds()
     return MessageState(**row, age_seconds=age)
+
+
+def message_usage(*, message: Message) -> Usage:
+    """An assistant message's usage block, as its answer reported it."""
+    return Usage(
+        **{name: getattr(message, name) for name in USAGE_COLUMNS},
+        model=message.model,
+        source="upstream" if message.usage_source == "upstream" else "counted",
+    )

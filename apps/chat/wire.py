@@ -9,6 +9,7 @@ started goes in-band, then the stream ends as usual.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -27,6 +28,9 @@ from apps.chat.services import (
 )
 from apps.chat.services.types import Delta, Done, Failed, Retrieved, Started, UsageReport
 from apps.chat.sse import event_stream_response, frame, frame_data, with_pings
+from apps.core.aio import db_call
+from apps.core.idempotency import idempotency_complete
+from apps.core.models import IdempotencyKey
 from apps.usage.values import Usage
 
 
@@ -38,17 +42,50 @@ class Wire(Protocol):
     def body(self, prepared: PreparedAnswer, answer: CollectedAnswer) -> dict[str, Any]: ...
 
 
-async def answer_respond(prepared: PreparedAnswer, *, wire: Wire, stream: bool) -> HttpResponseBase:
+async def answer_respond(
+    prepared: PreparedAnswer,
+    *,
+    wire: Wire,
+    stream: bool,
+    claim: IdempotencyKey | None = None,
+) -> HttpResponseBase:
     """Take a slot at the tier (or raise 503 ``queue_full``), then stream the answer in
     ``wire``'s framing, or collect it whole (an error with no content raises, for the
-    exception handler to answer with its status and headers)."""
+    exception handler to answer with its status and headers).
+
+    ``claim``: the request's ``Idempotency-Key``, completed with the answer's message once
+    its events are all stored (a stream, however it ended; a whole answer, unless it
+    failed: then the caller releases the key)."""
     run = await answer_start(prepared)
+    events = answer_events(run)
     if stream:
-        return event_stream_response(with_pings(wire.frames(answer_events(run))))
-    answer = await answer_collect(answer_events(run))
+        if claim is not None:
+            events = _completing(events, claim, message_id=run.message_id)
+        return event_stream_response(with_pings(wire.frames(events)))
+    answer = await answer_collect(events)
     if answer.error is not None and not answer.content:
         raise answer.error
+    if claim is not None:
+        await db_call(idempotency_complete)(
+            claim=claim, resource_id=answer.message_id, response_status=wire.created_status
+        )
     return Response(wire.body(prepared, answer), status=wire.created_status)
+
+
+async def _completing(
+    events: AsyncIterator[AnswerEvent], claim: IdempotencyKey, *, message_id: int
+) -> AsyncIterator[AnswerEvent]:
+    try:
+        async for event in events:
+            yield event
+    finally:
+        closer = getattr(events, "aclose", None)
+        if closer is not None:
+            await asyncio.shield(closer())  # its events journalled before the key completes
+        complete = db_call(idempotency_complete)(
+            claim=claim, resource_id=message_id, response_status=200
+        )
+        await asyncio.shield(complete)
 
 
 class NativeWire:

@@ -60,6 +60,18 @@ class PermissionDenied(ApplicationError):
     status, type, code = 403, "permission_error", "scope_missing"
 
 
+class IdempotencyInProgress(ApplicationError):
+    """Another request with this ``Idempotency-Key`` is still being served."""
+
+    status, type, code = 409, "conflict_error", "idempotency_in_progress"
+
+
+class IdempotencyKeyReused(ApplicationError):
+    """This ``Idempotency-Key`` was first sent with another request body."""
+
+    status, code = 422, "idempotency_key_reused"
+
+
 class PayloadTooLarge(ApplicationError):
     status, code = 413, "payload_too_large"
 

@@ -16,7 +16,7 @@ from typing import Any
 from drf_spectacular import openapi
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.plumbing import build_bearer_security_scheme_object
-from drf_spectacular.utils import OpenApiResponse
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse
 from rest_framework import serializers
 from rest_framework.settings import api_settings
 
@@ -168,3 +168,30 @@ class ApiKeyScheme(OpenApiAuthenticationExtension):  # type: ignore[no-untyped-c
         return dict(
             build_bearer_security_scheme_object(header_name="Authorization", token_prefix="Bearer")  # noqa: S106
         )
+
+
+def idempotency_key_parameter() -> OpenApiParameter:
+    """The ``Idempotency-Key`` request header of the POSTs that create."""
+    return OpenApiParameter(
+        "Idempotency-Key",
+        str,
+        OpenApiParameter.HEADER,
+        required=False,
+        pattern=r"^[\x20-\x7e]{1,255}$",
+        description="Retry safely: the same key and body from the same team within 24 h "
+        "replays the first result (same id; an answer's events replayed, its tokens "
+        "charged once) with the header Idempotent-Replayed: true; the same key with another "
+        "body answers 422 idempotency_key_reused; while the first is served, 409 "
+        "idempotency_in_progress.",
+    )
+
+
+IDEMPOTENCY_RESPONSES = {
+    409: OpenApiResponse(
+        description="idempotency_in_progress: the first request with this "
+        "Idempotency-Key is still being served"
+    ),
+    422: OpenApiResponse(
+        description="idempotency_key_reused: this Idempotency-Key came with another body"
+    ),
+}

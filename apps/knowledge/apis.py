@@ -14,8 +14,16 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from apps.accounts.permissions import get_caller
+from apps.core.idempotency import (
+    REPLAYED_HEADER,
+    idempotency_complete,
+    idempotency_guard,
+    idempotency_request_claim,
+)
+from apps.core.models import IdempotencyKey
 from apps.core.pagination import Pagination
 from apps.core.parsers import JSONParser
+from apps.core.schema import IDEMPOTENCY_RESPONSES, idempotency_key_parameter
 from apps.core.validation import MAX_ID, validated
 from apps.knowledge import selectors, services
 from apps.knowledge.models import Collection, Document
@@ -171,7 +179,9 @@ class CollectionDocumentsApi(APIView):
 
     @extend_schema(
         request={"multipart/form-data": DocumentFileInput, "application/json": DocumentTextInput},
+        parameters=[idempotency_key_parameter()],
         responses={
+            **IDEMPOTENCY_RESPONSES,
             202: DocumentOutput,
             200: DocumentOutput,
             413: OpenApiResponse(description="file_too_large, payload_too_large"),
@@ -187,22 +197,35 @@ class CollectionDocumentsApi(APIView):
         Answers 202 with the document ``queued`` for ingestion; the same content uploaded
         again to the collection answers 200 with the existing document.
         """
-        collection = selectors.collection_get(
-            team=get_caller(request).team, collection_id=collection_id
-        )
+        team = get_caller(request).team
+        collection = selectors.collection_get(team=team, collection_id=collection_id)
         data = validated(self.InputSerializer, request)
-        if "file" in data:
-            accepted = services.document_create_from_file(
-                collection=collection, upload=data["file"], title=str(data["title"])
+        claim = idempotency_request_claim(request=request, team=team, body=data)
+        if claim is not None and claim.status == IdempotencyKey.Status.COMPLETE:
+            assert claim.resource_id is not None  # noqa: S101 - a completed claim names it
+            document = selectors.document_get(team=team, document_id=claim.resource_id)
+            return Response(
+                DocumentOutput(document).data,
+                status=claim.response_status,
+                headers={REPLAYED_HEADER: "true"},
             )
-        else:
-            accepted = services.document_create_from_text(
-                collection=collection,
-                title=str(data["title"]),
-                text=str(data["text"]),
-                format=str(data["format"]),
-            )
+        with idempotency_guard(claim):
+            if "file" in data:
+                accepted = services.document_create_from_file(
+                    collection=collection, upload=data["file"], title=str(data["title"])
+                )
+            else:
+                accepted = services.document_create_from_text(
+                    collection=collection,
+                    title=str(data["title"]),
+                    text=str(data["text"]),
+                    format=str(data["format"]),
+                )
         code = status.HTTP_202_ACCEPTED if accepted.created else status.HTTP_200_OK
+        if claim is not None:
+            idempotency_complete(
+                claim=claim, resource_id=accepted.document.pk, response_status=code
+            )
         return Response(DocumentOutput(accepted.document).data, status=code)
 
 

@@ -124,6 +124,7 @@ from config.settings.celery import *  # noqa: E402, F403
 from config.settings.inference import *  # noqa: E402, F403
 from config.settings.limits import *  # noqa: E402, F403
 from config.settings.login import *  # noqa: E402, F403
+from config.settings.protection import *  # noqa: E402, F403
 from config.settings.redis import *  # noqa: E402, F403
 from config.settings.retrieval import *  # noqa: E402, F403
 from config.settings.usage import *  # noqa: E402, F403

@@ -101,4 +101,14 @@ CELERY_BEAT_SCHEDULE = {
         "task": "apps.chat.tasks.messages_close_abandoned_task",
         "schedule": 300.0,
     },
+    # Each team's retention_days: old conversations, messages, events and Redis buffers.
+    "retention-purge": {
+        "task": "apps.chat.tasks.retention_purge_task",
+        "schedule": 3600.0,
+    },
+    # Idempotency keys past IDEMPOTENCY_KEY_TTL_SECONDS.
+    "idempotency-keys-purge": {
+        "task": "apps.core.tasks.idempotency_keys_purge_task",
+        "schedule": 3600.0,
+    },
 }

@@ -3,11 +3,30 @@
 Start-up fails with one message naming every missing setting, rather than one at a time.
 """
 
+import base64
+import binascii
+
 from django.core.exceptions import ImproperlyConfigured
 
 from config.env import BASE_DIR, env
 
-_REQUIRED = ("DJANGO_SECRET_KEY", "DATABASE_URL", "REDIS_URL", "DJANGO_ALLOWED_HOSTS")
+_REQUIRED = (
+    "DJANGO_SECRET_KEY",
+    "DATABASE_URL",
+    "REDIS_URL",
+    "DJANGO_ALLOWED_HOSTS",
+    # Stored prompts, answers and uploads are encrypted with these (no key file here).
+    "RAGTIER_ENCRYPTION_KEYS",
+)
+
+
+def _fernet_key(key: str) -> bool:
+    try:
+        return len(base64.urlsafe_b64decode(key.strip().encode("ascii"))) == 32
+    except (binascii.Error, UnicodeEncodeError, ValueError):
+        return False
+
+
 _missing = [name for name in _REQUIRED if not env.str(name, default="")]
 if _missing:
     raise ImproperlyConfigured(
@@ -15,6 +34,14 @@ if _missing:
     )
 
 from config.settings.base import *  # noqa: E402, F403
+from config.settings.protection import ENCRYPTION_KEYS  # noqa: E402
+
+_invalid = [number for number, key in enumerate(ENCRYPTION_KEYS, 1) if not _fernet_key(key)]
+if _invalid:
+    raise ImproperlyConfigured(
+        "RAGTIER_ENCRYPTION_KEYS must be Fernet keys (32 url-safe base64 bytes); these are "
+        "not: " + ", ".join(f"key {number}" for number in _invalid)
+    )
 
 DEBUG = False
 SECRET_KEY = env.str("DJANGO_SECRET_KEY")

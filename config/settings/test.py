@@ -24,6 +24,12 @@ INFERENCE_MAX_CONCURRENCY = env.int("INFERENCE_MAX_CONCURRENCY", default=64)
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
+# One fixed key for the whole suite, so that the worker and server processes a test starts
+# (each with its own data dir) read what the test wrote; key files are tested on their own.
+ENCRYPTION_KEYS = env.list(
+    "RAGTIER_ENCRYPTION_KEYS", default=["dGVzdC1vbmx5LWtleS1mb3ItdGhlLXN1aXRlLTAwMDA="]
+)
+
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # A file, not memory, so that a real worker process can share the test database.
     DATABASES["default"]["TEST"] = {"NAME": str(DATA_DIR / "test.sqlite3")}

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from django.db import transaction
+
 from apps.accounts.selectors import Caller
+from apps.chat.events import event_buffers_delete
 from apps.chat.models import Conversation, Message
 from apps.knowledge.selectors import collection_list_readable
 
@@ -28,7 +31,11 @@ def conversation_create(
 
 
 def conversation_delete(*, conversation: Conversation) -> None:
-    conversation.delete()
+    """The conversation, its messages and their events, in the database and in Redis."""
+    with transaction.atomic():
+        message_ids = list(conversation.messages.values_list("pk", flat=True))
+        conversation.delete()
+        transaction.on_commit(lambda: event_buffers_delete(message_ids=message_ids))
 
 
 def message_cancel(*, message: Message) -> Message:

@@ -61,6 +61,8 @@ class PreparedAnswer:
     """None when the caller has no limits: nothing to hold, nothing to settle."""
     want_reasoning: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
+    store: bool = True
+    """False: no conversation, message or event is written; the usage row still is."""
 
     @property
     def request(self) -> ChatRequest:
@@ -98,6 +100,7 @@ def answer_prepare(
     want_reasoning: bool = False,
     history: list[ChatMessage] | None = None,
     instructions: str = "",
+    store: bool = True,
 ) -> PreparedAnswer:
     """Admit, retrieve and assemble. Raises before any byte; holds a reservation after.
 
@@ -105,7 +108,8 @@ def answer_prepare(
     one, written with the messages. ``history`` replaces the conversation's stored turns
     (the OpenAI-compatible surface sends its own); ``instructions`` (a client's system
     message) follow the system prompt. ``search_mode`` and ``search_filters`` are those of
-    :func:`apps.knowledge.services.chunk_search`.
+    :func:`apps.knowledge.services.chunk_search`. ``store`` False (a new conversation only)
+    keeps nothing of the exchange but its usage row.
     """
     if isinstance(conversation, int):
         conversation = conversation_get(team=caller.team, conversation_id=conversation)
@@ -190,6 +194,7 @@ def answer_prepare(
         ],
         reservation=reservation,
         want_reasoning=want_reasoning,
+        store=store or conversation is not None,
     )
 
 

@@ -99,12 +99,11 @@ class _Keys:
     @classmethod
     async def take(cls, prepared: PreparedAnswer) -> _Keys:
         conversation = prepared.conversation
-        return cls(
-            message_id=await key_next(Message),
-            conversation_id=(
-                conversation.pk if conversation is not None else await key_next(Conversation)
-            ),
-        )
+        if conversation is not None:
+            conversation_id = conversation.pk
+        else:  # a new one, unless nothing is stored (0: none)
+            conversation_id = await key_next(Conversation) if prepared.store else 0
+        return cls(message_id=await key_next(Message), conversation_id=conversation_id)
 
 
 @dataclass
@@ -131,7 +130,7 @@ class AnswerRun:
         self.status = Message.Status.COMPLETE
         self.error: ApplicationError | None = None
         self.usage: Usage | None = None
-        self.journal = _Journal()
+        self.journal = _Journal(keep=prepared.store)
         self.entered = False
         self._cancelled: asyncio.Event | None = None
         self.upstream = _Prefetched(inference_client().stream_chat(prepared.request))
@@ -154,14 +153,16 @@ class AnswerRun:
 
     def open(self) -> Started:
         """The user's message and the assistant's (streaming) one, and a new conversation,
-        written in the background; their keys were taken ahead."""
+        written in the background; their keys were taken ahead. Nothing, for an answer
+        that is not to be stored (the OpenAI surface's default)."""
         prepared = self.prepared
-        write = db_call(_messages_create)(
-            prepared, message_id=self.message_id, conversation_id=self.conversation_id
-        )
-        self.rows = asyncio.ensure_future(write)
-        self.rows.add_done_callback(self._rows_written)
-        self._cancelled = _cancel_watch().watch(self.message_id)
+        if prepared.store:
+            write = db_call(_messages_create)(
+                prepared, message_id=self.message_id, conversation_id=self.conversation_id
+            )
+            self.rows = asyncio.ensure_future(write)
+            self.rows.add_done_callback(self._rows_written)
+            self._cancelled = _cancel_watch().watch(self.message_id)
         return Started(
             message_id=self.message_id,
             conversation_id=self.conversation_id,
@@ -443,7 +444,8 @@ def _save(run: AnswerRun, *, rows_written: bool) -> None:
     prepared, generation, usage = run.prepared, run.generation, run.usage
     assert usage is not None  # noqa: S101 - settle computes it first
     message_id = run.message_id
-    if not rows_written and not Message.objects.filter(pk=message_id).exists():
+    stored = prepared.store
+    if stored and not rows_written and not Message.objects.filter(pk=message_id).exists():
         _messages_create(prepared, message_id=message_id, conversation_id=run.conversation_id)
     caller = prepared.caller
     if prepared.reservation is not None:
@@ -459,6 +461,8 @@ def _save(run: AnswerRun, *, rows_written: bool) -> None:
         error_code=run.error.code if run.error else "",
         object_id=str(message_id),
     )
+    if not stored:
+        return  # the ledger row only: tokens and cost, no content
     Message.objects.filter(pk=message_id).update(
         content="".join(generation.text),
         reasoning="".join(generation.reasoning),
@@ -512,9 +516,11 @@ def _cancel_requested_among(message_ids: list[int]) -> list[int]:
 
 
 class _Journal:
-    """Numbers events and writes them to the event store in small batches."""
+    """Numbers events and writes them to the event store in small batches (or only numbers
+    them, for an answer that is not to be stored: ``keep=False``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, keep: bool = True) -> None:
+        self.keep = keep
         self.message_id = 0
         self.seq = 0
         self.pending: list[AnswerEvent] = []
@@ -525,7 +531,8 @@ class _Journal:
     def add(self, event: E) -> E:
         self.seq += 1
         numbered = replace(event, id=self.seq)
-        self.pending.append(numbered)  # rendered at flush, off the per-token path
+        if self.keep:
+            self.pending.append(numbered)  # rendered at flush, off the per-token path
         return numbered
 
     async def flush_due(self) -> None:

@@ -7,7 +7,7 @@ from django.db import IntegrityError, transaction
 
 from apps.accounts.models import Team
 from apps.core.exceptions import InvalidRequest
-from apps.knowledge.models import Collection
+from apps.knowledge.models import Collection, Document
 from apps.knowledge.services.indexing import index_store
 
 
@@ -33,7 +33,23 @@ def collection_create(*, team: Team, name: str, description: str = "") -> Collec
 
 
 def collection_delete(*, collection: Collection) -> None:
+    """The collection, its documents and chunks; once committed, its index files and its
+    documents' uploaded files."""
     key = collection.index_key
     with transaction.atomic():
+        sources = [
+            name
+            for name in Document.objects.filter(collection=collection).values_list(
+                "source", flat=True
+            )
+            if name
+        ]
         collection.delete()
-        transaction.on_commit(lambda: index_store().drop(key))
+        transaction.on_commit(lambda: _files_delete(key, sources))
+
+
+def _files_delete(index_key: str, sources: list[str]) -> None:
+    index_store().drop(index_key)
+    storage = Document._meta.get_field("source").storage  # type: ignore[union-attr]
+    for name in sources:
+        storage.delete(name)

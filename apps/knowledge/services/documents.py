@@ -12,6 +12,7 @@ from django.conf import settings
 from django.core.files.base import ContentFile, File
 from django.db import IntegrityError, transaction
 
+from apps.core.crypto import encrypt_bytes
 from apps.core.exceptions import InvalidRequest, PayloadTooLarge, UnsupportedFileType
 from apps.knowledge.models import Chunk, Collection, Document
 from apps.knowledge.services.indexing import collection_index_write
@@ -148,7 +149,8 @@ def _document_accept(
     )
     try:
         with transaction.atomic():
-            document.source.save(filename, ContentFile(data), save=False)
+            # Encrypted at rest; the chunks made from it stay searchable (see the README).
+            document.source.save(filename, ContentFile(encrypt_bytes(data)), save=False)
             document.save()
             if enqueue:
                 ingestion_enqueue(document=document)

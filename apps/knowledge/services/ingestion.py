@@ -47,6 +47,7 @@ from django.db import transaction
 from django.db.models import Count, F, Min, QuerySet
 from django.utils import timezone
 
+from apps.core.crypto import decrypt_bytes
 from apps.knowledge.models import Chunk, Document
 from apps.knowledge.services.indexing import chunk_vectors, collection_index_write, embedder
 from apps.usage.budgets import RateLimited, budget_reserve, budget_settle
@@ -331,7 +332,7 @@ def _parse(document_id: int) -> None:
     if document is None:
         return
     with document.source.open("rb") as handle:
-        data = handle.read()
+        data = decrypt_bytes(handle.read())
     parsed = parse_document(
         data,
         media_type=document.media_type,

@@ -9,7 +9,7 @@ import openai
 import pytest
 
 from apps.accounts.services import IssuedKey
-from apps.chat.models import Message
+from apps.usage.models import UsageRecord
 from tests.fake_upstream import FakeUpstream
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -64,7 +64,8 @@ def test_stream_with_include_usage_ends_with_a_usage_chunk(
     assert [c.choices[0].finish_reason for c in finals] == ["stop"]
     # Streamed and non-streamed answers to the same request record the same usage.
     sdk.chat.completions.create(model="small", messages=[{"role": "user", "content": "Say hello"}])
-    first, second = Message.objects.filter(role="assistant").order_by("pk")
+    # (Nothing but the usage row is stored without ``store: true``.)
+    first, second = UsageRecord.objects.filter(kind="chat").order_by("pk")
     assert (first.prompt_tokens, first.completion_tokens) == (
         second.prompt_tokens,
         second.completion_tokens,

@@ -91,7 +91,9 @@ def test_openapi_schema_documents_every_endpoint(client: Client, db: None) -> No
 
 def test_production_settings_name_every_missing_variable() -> None:
     env = {
-        k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "DATABASE_", "REDIS_"))
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("DJANGO_", "DATABASE_", "REDIS_", "RAGTIER_ENCRYPTION"))
     }
     env["DJANGO_SETTINGS_MODULE"] = "config.settings.production"
     result = subprocess.run(
@@ -103,6 +105,7 @@ def test_production_settings_name_every_missing_variable() -> None:
         timeout=120,
     )
     assert result.returncode != 0
-    assert "DJANGO_SECRET_KEY, DATABASE_URL, REDIS_URL, DJANGO_ALLOWED_HOSTS" in result.stderr, (
-        result.stderr[-2000:]
+    names = (
+        "DJANGO_SECRET_KEY, DATABASE_URL, REDIS_URL, DJANGO_ALLOWED_HOSTS, RAGTIER_ENCRYPTION_KEYS"
     )
+    assert names in result.stderr, result.stderr[-2000:]
