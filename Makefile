@@ -13,7 +13,7 @@ WHEELHOUSE ?= $(HOME)/.cache/ragtier/wheels-$(shell echo '$(LLAMA_CPP) $(LLAMA_C
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: run test install lint bench clean
+.PHONY: run test install lint bench clean vendor
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -44,6 +44,16 @@ bench: $(STAMP)
 	$(PY) bench/retrieval_quality.py
 	$(PY) bench/retrieval_latency.py
 	$(PY) bench/admission_latency.py
+
+## Refresh the browser libraries the app serves (pinned in package.json / package-lock.json)
+MARKED := $(shell node -p "require('./package.json').dependencies.marked" 2>/dev/null)
+DOMPURIFY := $(shell node -p "require('./package.json').dependencies.dompurify" 2>/dev/null)
+VENDOR := apps/core/static/vendor
+vendor:
+	npm ci --ignore-scripts --no-audit --no-fund
+	rm -rf $(VENDOR) && mkdir -p $(VENDOR)/marked-$(MARKED) $(VENDOR)/dompurify-$(DOMPURIFY)
+	cp node_modules/marked/lib/marked.umd.js node_modules/marked/LICENSE* $(VENDOR)/marked-$(MARKED)/
+	cp node_modules/dompurify/dist/purify.min.js node_modules/dompurify/LICENSE $(VENDOR)/dompurify-$(DOMPURIFY)/
 
 clean:
 	rm -rf data .pytest_cache .mypy_cache .ruff_cache

@@ -31,6 +31,7 @@ from retrieval.index import (
 )
 from retrieval.keyword import KeywordIndex, keyword_tokens
 from retrieval.parsing import (
+    MEDIA_TYPES,
     Block,
     ParsedDocument,
     detect_media_type,
@@ -40,6 +41,7 @@ from retrieval.parsing import (
 
 __all__ = [
     "FUSION_DEPTH",
+    "MEDIA_TYPES",
     "RRF_K",
     "Block",
     "Chunk",

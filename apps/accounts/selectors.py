@@ -11,8 +11,18 @@ from dataclasses import dataclass
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.db.models import QuerySet
 
 from apps.accounts.models import ApiKey, Membership, Scope, Team
+from apps.core.exceptions import NotFound, PermissionDenied
+
+# What each role may put on a key it issues. A key outlives the session that made it and
+# runs unattended, so ``ingest`` (writing the team's shared knowledge and spending its
+# embedding tokens) is the owners' to hand out; a member's own session keeps every scope.
+ROLE_KEY_SCOPES: dict[str, frozenset[str]] = {
+    Membership.Role.OWNER: frozenset(Scope.values),
+    Membership.Role.MEMBER: frozenset({Scope.CHAT.value, Scope.READ.value}),
+}
 
 
 @dataclass(frozen=True)
@@ -112,3 +122,61 @@ def caller_for(
 
 def team_get_by_name(*, name: str) -> Team | None:
     return Team.objects.filter(name=name).first()
+
+
+def membership_role(*, team: Team, user: AbstractBaseUser | None) -> str | None:
+    """The user's role in ``team``, or None when they are not a member (or no user)."""
+    if user is None or not user.is_authenticated:
+        return None
+    role: str | None = (
+        Membership.objects.filter(team=team, user=user).values_list("role", flat=True).first()
+    )
+    return role
+
+
+@dataclass(frozen=True)
+class KeyManager:
+    """What a caller may do with its team's keys."""
+
+    caller: Caller
+    role: str
+    grantable: frozenset[str]
+    """Scopes a key it issues may carry: its role's, and never more than its own key's."""
+
+    @property
+    def manages_team(self) -> bool:
+        """Owners see and revoke every key of the team; members only their own."""
+        return self.role == Membership.Role.OWNER
+
+
+def key_manager_for(*, caller: Caller) -> KeyManager:
+    """The caller as a manager of keys. A user acts with their role in the team; a key of
+    no user (a team key from the admin or ``createapikey``) as a member whose "own" keys
+    are the team keys of no user. 403 for a user's key whose user has left the team."""
+    if caller.user is None:
+        role: str | None = Membership.Role.MEMBER
+    else:
+        role = membership_role(team=caller.team, user=caller.user)
+    if role is None:
+        raise PermissionDenied(
+            "Only a member of the team, signed in or with their own key, manages keys.",
+            code="role_missing",
+        )
+    grantable = ROLE_KEY_SCOPES.get(role, frozenset()) & caller.scopes
+    return KeyManager(caller=caller, role=role, grantable=grantable)
+
+
+def api_key_list(*, manager: KeyManager) -> QuerySet[ApiKey]:
+    """The keys the manager may see, newest first, revoked ones included."""
+    keys = ApiKey.objects.filter(team=manager.caller.team).select_related("user")
+    if not manager.manages_team:
+        keys = keys.filter(user=manager.caller.user)
+    return keys.order_by("-created_at", "-pk")
+
+
+def api_key_get_managed(*, manager: KeyManager, prefix: str) -> ApiKey:
+    """One key the manager may revoke; a key it may not see is a 404, like a missing one."""
+    api_key = api_key_list(manager=manager).filter(prefix=prefix).first()
+    if api_key is None:
+        raise NotFound(f"No API key {prefix!r}.")
+    return api_key

@@ -13,8 +13,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from apps.accounts.models import ApiKey, Membership, Scope, Team
-from apps.accounts.selectors import api_key_cache
-from apps.core.exceptions import InvalidRequest
+from apps.accounts.selectors import KeyManager, api_key_cache
+from apps.core.exceptions import InvalidRequest, PermissionDenied
 
 KEY_NAMESPACE = "rt"
 PREFIX_BYTES = 6
@@ -89,6 +89,23 @@ def api_key_create(
         scopes=scopes,
     )
     return IssuedKey(api_key=api_key, secret=secret)
+
+
+def api_key_issue(*, manager: KeyManager, name: str, scopes: list[str]) -> IssuedKey:
+    """A key for the manager's team and user, carrying only scopes it may grant (its role's,
+    and, when it acts with a key, never one that key lacks)."""
+    if not scopes:
+        raise InvalidRequest("Choose at least one scope.", code="missing_field", param="scopes")
+    refused = sorted(set(scopes) & set(Scope.values) - manager.grantable)
+    if refused:
+        raise PermissionDenied(
+            f"You may not grant the scope(s) {refused}; you may grant {sorted(manager.grantable)}.",
+            code="scope_missing",
+            param="scopes",
+        )
+    return api_key_create(
+        team=manager.caller.team, name=name, scopes=scopes, user=manager.caller.user
+    )
 
 
 def api_key_revoke(*, api_key: ApiKey) -> ApiKey:

@@ -110,7 +110,12 @@ class StaticFiles:
             await self.app(scope, receive, send)
             return
         found = self.find(path.removeprefix(self.prefix))
-        response = FileResponse(found) if found else JSONResponse(_NOT_FOUND, status_code=404)
+        headers = {"X-Content-Type-Options": "nosniff"}  # as Django's responses have
+        response = (
+            FileResponse(found, headers=headers)
+            if found
+            else JSONResponse(_NOT_FOUND, status_code=404, headers=headers)
+        )
         await response(scope, receive, send)
 
     @staticmethod

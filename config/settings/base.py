@@ -34,6 +34,7 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     # Django's own, run on the event loop under ASGI (see apps.core.middleware).
     "apps.core.middleware.SecurityMiddleware",
+    "apps.core.middleware.ContentSecurityPolicyMiddleware",
     "apps.core.middleware.BodySizeLimitMiddleware",
     "apps.core.middleware.SessionMiddleware",
     "apps.core.middleware.CommonMiddleware",
@@ -105,6 +106,29 @@ STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
 }
+
+# Headers for every response (SecurityMiddleware, ContentSecurityPolicyMiddleware; the
+# ASGI static file server sends the same). Scripts come only from this origin's static
+# files: no inline script, no inline handler, no eval; the answer's markdown is
+# sanitized before it reaches the page. Inline styles stay allowed (the admin uses them).
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+CONTENT_SECURITY_POLICY = env.str(
+    "DJANGO_CONTENT_SECURITY_POLICY",
+    default="; ".join(
+        [
+            "default-src 'self'",
+            "script-src 'self'",
+            "style-src 'self' 'unsafe-inline'",
+            "img-src 'self' data:",
+            "connect-src 'self'",
+            "object-src 'none'",
+            "base-uri 'self'",
+            "form-action 'self'",
+            "frame-ancestors 'none'",
+        ]
+    ),
+)
 
 LOGIN_URL = "/login"
 LOGOUT_REDIRECT_URL = "/login"

@@ -16,6 +16,7 @@ from django.urls import path
 
 STOCK = [
     "django.middleware.security.SecurityMiddleware",
+    "apps.core.middleware.ContentSecurityPolicyMiddleware",  # ours, async: no hop
     "apps.core.middleware.BodySizeLimitMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -87,6 +88,21 @@ async def test_same_headers_as_djangos_stack(
     assert sorted(ours.headers.items()) == sorted(stock.headers.items())
     assert ours.headers["X-Frame-Options"] == "DENY"
     assert ours.headers["X-Content-Type-Options"] == "nosniff"
+    assert ours.headers["Referrer-Policy"] == "same-origin"
+    assert "script-src 'self';" in ours.headers["Content-Security-Policy"]
+
+
+@pytest.mark.urls(__name__)
+async def test_a_view_may_set_its_own_policy(monkeypatch: pytest.MonkeyPatch) -> None:
+    from apps.core.middleware import ContentSecurityPolicyMiddleware
+
+    async def strict(request: HttpRequest) -> JsonResponse:
+        response = JsonResponse({})
+        response.headers["Content-Security-Policy"] = "default-src 'none'"
+        return response
+
+    response = await ContentSecurityPolicyMiddleware(strict)(request_for("/ping"))
+    assert response.headers["Content-Security-Policy"] == "default-src 'none'"
 
 
 @pytest.mark.django_db(transaction=True)

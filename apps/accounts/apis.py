@@ -1,0 +1,110 @@
+"""HTTP for the caller's team's API keys: list, issue (shown once), revoke."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework import serializers, status
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from apps.accounts import selectors, services
+from apps.accounts.models import ApiKey, Scope
+from apps.accounts.permissions import get_caller
+from apps.core.pagination import Pagination
+from apps.core.validation import validated
+
+
+class ApiKeyOutput(serializers.ModelSerializer[ApiKey]):
+    scopes = serializers.ListField(child=serializers.ChoiceField(choices=Scope.values))
+    user = serializers.SerializerMethodField(help_text="the user it acts for, if any")
+
+    class Meta:
+        model = ApiKey
+        fields = ["prefix", "name", "scopes", "user", "created_at", "last_used_at", "revoked_at"]
+
+    def get_user(self, api_key: ApiKey) -> str | None:
+        return api_key.user.get_username() if api_key.user else None
+
+
+class IssuedKeyOutput(ApiKeyOutput):
+    """A new key with its secret (``context["secret"]``), shown only in this response."""
+
+    key = serializers.SerializerMethodField(
+        help_text="The whole key, shown only in this response: the server keeps its hash."
+    )
+
+    class Meta(ApiKeyOutput.Meta):
+        fields = [*ApiKeyOutput.Meta.fields, "key"]
+
+    def get_key(self, api_key: ApiKey) -> str:
+        return str(self.context["secret"])
+
+
+class ApiKeyListCreateApi(APIView):
+    # Listing is a read; issuing needs no scope of its own, since a key may only pass on
+    # scopes it has (see ``api_key_issue``).
+    required_scopes = {"GET": "read"}
+    pagination_class = Pagination
+
+    class InputSerializer(serializers.Serializer[dict[str, Any]]):
+        name = serializers.CharField(max_length=100, required=False, default="", allow_blank=True)
+        scopes = serializers.ListField(
+            child=serializers.ChoiceField(choices=Scope.values), max_length=len(Scope.values)
+        )
+
+    @extend_schema(
+        responses={
+            200: ApiKeyOutput(many=True),
+            403: OpenApiResponse(description="role_missing: the caller is no member of the team"),
+        }
+    )
+    def get(self, request: Request) -> Response:
+        """The team's keys by prefix, newest first, revoked ones included: every key for
+        an owner, a member's own keys for a member."""
+        manager = selectors.key_manager_for(caller=get_caller(request))
+        paginator = self.pagination_class()
+        page = paginator.paginate_queryset(
+            selectors.api_key_list(manager=manager), request, view=self
+        )
+        return paginator.get_paginated_response(ApiKeyOutput(page, many=True).data)
+
+    @extend_schema(
+        request=InputSerializer,
+        responses={
+            201: IssuedKeyOutput,
+            403: OpenApiResponse(
+                description="scope_missing: a scope the caller may not grant (its role's, "
+                "and never one its own key lacks); role_missing: no member of the team"
+            ),
+        },
+    )
+    def post(self, request: Request) -> Response:
+        """Issue a key for the caller's team and user. The response holds the whole key,
+        once: afterwards only its prefix is known."""
+        data = validated(self.InputSerializer, request)
+        manager = selectors.key_manager_for(caller=get_caller(request))
+        issued = services.api_key_issue(manager=manager, name=data["name"], scopes=data["scopes"])
+        output = IssuedKeyOutput(issued.api_key, context={"secret": issued.secret})
+        return Response(output.data, status=status.HTTP_201_CREATED)
+
+
+class ApiKeyRevokeApi(APIView):
+    # Any member may revoke what they manage, whatever the scopes of the key they use:
+    # DELETE needs only a caller (the GET named here only makes HEAD and OPTIONS need one).
+    required_scopes = {"GET": "read"}
+
+    @extend_schema(
+        responses={
+            204: None,
+            404: OpenApiResponse(description="not_found: no key the caller may manage"),
+        }
+    )
+    def delete(self, request: Request, prefix: str) -> Response:
+        """Revoke a key: from now on it answers 401 ``revoked_api_key``."""
+        manager = selectors.key_manager_for(caller=get_caller(request))
+        api_key = selectors.api_key_get_managed(manager=manager, prefix=prefix)
+        services.api_key_revoke(api_key=api_key)
+        return Response(status=status.HTTP_204_NO_CONTENT)

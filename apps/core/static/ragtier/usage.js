@@ -1,0 +1,60 @@
+// The usage page: the chart is drawn by the server; the remaining quota and reset times
+// come from /api/v1/quota, the period's totals from /api/v1/usage.
+"use strict";
+(() => {
+  const {api, el, when} = window.ragtier;
+  const box = document.getElementById("usage");
+  if (!box) return;
+  const number = value => value === null || value === undefined ? "unknown" : Number(value).toLocaleString();
+  const PERIODS = {day: "Daily quota", month: "Monthly quota"};
+
+  function quotaEntry(entry) {
+    const list = el("dl", {class: "quota"});
+    const add = (term, value) => list.append(el("dt", {text: term}), el("dd", {text: value}));
+    for (const [period, label] of Object.entries(PERIODS)) {
+      const quota = entry[period];
+      if (!quota) continue;
+      add(label, `${number(quota.remaining)} of ${number(quota.limit)} tokens remaining`);
+      add(`${label} resets`, when(quota.resets_at));
+    }
+    if (entry.bucket) {
+      add("Tokens per minute", `${number(entry.bucket.available)} of ${number(entry.bucket.capacity)} available now ` +
+        `(refills ${number(entry.bucket.tokens_per_minute)}/min)`);
+    }
+    if (entry.max_concurrent_streams) add("Concurrent answers", `at most ${entry.max_concurrent_streams}`);
+    if (entry.max_tokens) add("Output tokens per answer", `at most ${number(entry.max_tokens)}`);
+    return el("div", {class: "quota-entry"}, el("h3", {text: entry.scope === "team" ? "Team" : `Key ${entry.scope.slice(4)}`}), list);
+  }
+
+  async function showQuota() {
+    const target = document.getElementById("quota");
+    try {
+      const quota = await api("GET", "/api/v1/quota");
+      target.replaceChildren(...(quota.unlimited
+        ? [el("p", {text: "Unlimited: no token limits are set for your team."})]
+        : quota.limits.map(quotaEntry)));
+    } catch (err) {
+      target.replaceChildren(el("p", {class: "error", text: err.message}));
+    }
+  }
+
+  async function showTotals() {
+    const target = document.getElementById("totals");
+    const query = new URLSearchParams({start: box.dataset.start, end: box.dataset.end, group_by: "kind"});
+    try {
+      const usage = await api("GET", `/api/v1/usage?${query}`);
+      const list = el("dl", {class: "quota"});
+      for (const row of usage.data) {
+        list.append(el("dt", {text: row.group}), el("dd", {text: `${number(row.total_tokens)} tokens`}));
+      }
+      list.append(el("dt", {text: "Total"}), el("dd", {text: `${number(usage.total.total_tokens)} tokens in ${number(usage.total.requests)} requests`}));
+      list.append(el("dt", {text: "Cost"}), el("dd", {text: `$${usage.total.cost_usd}`}));
+      target.replaceChildren(list);
+    } catch (err) {
+      target.replaceChildren(el("p", {class: "error", text: err.message}));
+    }
+  }
+
+  showQuota();
+  showTotals();
+})();
