@@ -8,12 +8,11 @@ from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.views.decorators.csrf import ensure_csrf_cookie
-from rest_framework import serializers
 
 from apps.accounts.selectors import caller_for
-from apps.chat.apis import ConversationMessageCreateApi
 from apps.chat.services.models import model_aliases
 from apps.knowledge.selectors import collection_list
+from apps.knowledge.services import SEARCH_MODES
 from retrieval import MEDIA_TYPES
 
 
@@ -28,16 +27,8 @@ def chat_page(request: HttpRequest) -> HttpResponse:
         "collections": collections,
         "models": model_aliases(),
         "default_model": settings.DEFAULT_MODEL_ALIAS,
-        "search_modes": search_modes(),
+        "search_modes": list(SEARCH_MODES),
         "extensions": sorted(MEDIA_TYPES),
         "max_upload_bytes": settings.MAX_UPLOAD_BYTES,
     }
     return render(request, "chat.html", context)
-
-
-def search_modes() -> list[str]:
-    """The retrieval modes a question may name, when the messages endpoint takes one."""
-    field = ConversationMessageCreateApi.InputSerializer().fields.get("mode")
-    return (
-        [str(mode) for mode in field.choices] if isinstance(field, serializers.ChoiceField) else []
-    )

@@ -19,9 +19,11 @@ from apps.core.exceptions import error_body
 from apps.core.limits import body_limit
 
 
-class BodySizeLimitMiddleware:
-    """Sync and async: a sync-only middleware would make Django run the whole chain
-    below it (the async answer views included) through thread hops on every request."""
+class EdgeMiddleware:
+    """A middleware that works sync and async alike, with no thread hop: a sync-only one
+    would make Django run the whole chain below it (the async answer views included)
+    through thread hops on every request. Subclasses answer early (:meth:`refuse`) or
+    touch the response (:meth:`finish`); neither may do I/O."""
 
     sync_capable = True
     async_capable = True
@@ -31,39 +33,36 @@ class BodySizeLimitMiddleware:
         if iscoroutinefunction(get_response):
             markcoroutinefunction(self)
 
-    def __call__(self, request: HttpRequest) -> HttpResponseBase | Awaitable[HttpResponseBase]:
-        if iscoroutinefunction(self):
-            return self._acall(request)
-        refusal = _refusal(request)
-        return refusal if refusal is not None else self.get_response(request)
+    def refuse(self, request: HttpRequest) -> HttpResponseBase | None:
+        return None
 
-    async def _acall(self, request: HttpRequest) -> HttpResponseBase:
-        refusal = _refusal(request)
-        return refusal if refusal is not None else await self.get_response(request)
-
-
-class ContentSecurityPolicyMiddleware:
-    """Adds ``CONTENT_SECURITY_POLICY`` to every response that has none of its own.
-
-    Sync and async like the body guard (no thread hop): it only sets a header. The
-    policy's ``script-src 'self'`` is why pages carry no inline script or handler.
-    """
-
-    sync_capable = True
-    async_capable = True
-
-    def __init__(self, get_response: Callable[[HttpRequest], Any]) -> None:
-        self.get_response = get_response
-        if iscoroutinefunction(get_response):
-            markcoroutinefunction(self)
+    def finish(self, response: HttpResponseBase) -> HttpResponseBase:
+        return response
 
     def __call__(self, request: HttpRequest) -> HttpResponseBase | Awaitable[HttpResponseBase]:
         if iscoroutinefunction(self):
             return self._acall(request)
-        return _with_policy(self.get_response(request))
+        refusal = self.refuse(request)
+        return refusal if refusal is not None else self.finish(self.get_response(request))
 
     async def _acall(self, request: HttpRequest) -> HttpResponseBase:
-        return _with_policy(await self.get_response(request))
+        refusal = self.refuse(request)
+        return refusal if refusal is not None else self.finish(await self.get_response(request))
+
+
+class BodySizeLimitMiddleware(EdgeMiddleware):
+    """413 for a declared body past the endpoint's limit, before Django reads it."""
+
+    def refuse(self, request: HttpRequest) -> HttpResponseBase | None:
+        return _refusal(request)
+
+
+class ContentSecurityPolicyMiddleware(EdgeMiddleware):
+    """Adds ``CONTENT_SECURITY_POLICY`` to every response that has none of its own. The
+    policy's ``script-src 'self'`` is why pages carry no inline script or handler."""
+
+    def finish(self, response: HttpResponseBase) -> HttpResponseBase:
+        return _with_policy(response)
 
 
 def _with_policy(response: HttpResponseBase) -> HttpResponseBase:

@@ -167,8 +167,19 @@ def budget_reserve(
     store = limiter() if (buckets or slots or quotas) else limiter("database")
     try:
         if isinstance(store, RedisLimiter):
-            return _reserve_remote(store, team, api_key, kind, tokens, held, now, defer_record)
-        return _reserve(team, api_key, kind, tokens, held, store, now)
+            return _reserve_remote(
+                store,
+                team=team,
+                api_key=api_key,
+                kind=kind,
+                tokens=tokens,
+                held=held,
+                now=now,
+                defer_record=defer_record,
+            )
+        return _reserve(
+            team=team, api_key=api_key, kind=kind, tokens=tokens, held=held, store=store, now=now
+        )
     except LimiterUnavailable as exc:
         if settings.RATE_LIMIT_REDIS_FALLBACK != "database":
             metrics.ADMISSION_UNAVAILABLE.inc()
@@ -178,7 +189,15 @@ def budget_reserve(
                 headers={"Retry-After": str(LIMITER_RETRY_SECONDS)},
             ) from exc
         logger.warning("the limiter is down, enforcing from the database: %s", exc)
-        return _reserve(team, api_key, kind, tokens, held, limiter("database"), now)
+        return _reserve(
+            team=team,
+            api_key=api_key,
+            kind=kind,
+            tokens=tokens,
+            held=held,
+            store=limiter("database"),
+            now=now,
+        )
 
 
 def _quotas(limits: list[Limit], now: datetime, team: Team) -> list[Quota]:
@@ -195,6 +214,7 @@ def _quotas(limits: list[Limit], now: datetime, team: Team) -> list[Quota]:
 
 
 def _reserve(
+    *,
     team: Team,
     api_key: ApiKey | None,
     kind: str,
@@ -233,6 +253,7 @@ def _reserve(
 
 def _reserve_remote(
     store: RedisLimiter,
+    *,
     team: Team,
     api_key: ApiKey | None,
     kind: str,
@@ -245,7 +266,9 @@ def _reserve_remote(
     now or later."""
     token = uuid.uuid4()
     expires_at = now + timedelta(seconds=settings.RESERVATION_TTL_SECONDS)
-    refusal = _admit(store, team, token, held, tokens, now, expires_at)
+    refusal = _admit(
+        store, team=team, token=token, held=held, tokens=tokens, now=now, expires_at=expires_at
+    )
     if refusal is not None:
         _refuse(refusal)
     held.deferred = defer_record and not transaction.get_connection().in_atomic_block
@@ -284,6 +307,7 @@ def _reserve_remote(
 
 def _admit(
     store: RedisLimiter,
+    *,
     team: Team,
     token: uuid.UUID,
     held: _Hold,
@@ -487,7 +511,13 @@ def _extend_remote(reservation: Reservation, tokens: int, now: datetime) -> None
         raise InvalidRequest("the reservation is already settled")
     extension = _Hold(held.buckets, [], held.quotas, deferred=False)
     refusal = _admit(
-        store, reservation.team, reservation.token, extension, tokens, now, reservation.expires_at
+        store,
+        team=reservation.team,
+        token=reservation.token,
+        held=extension,
+        tokens=tokens,
+        now=now,
+        expires_at=reservation.expires_at,
     )
     if refusal is not None:
         _refuse(refusal)

@@ -8,10 +8,8 @@ from typing import Any
 
 import pytest
 from django.test import Client
-from rest_framework import serializers
 
 from apps.accounts.models import Membership, Team
-from apps.chat.apis import ConversationMessageCreateApi
 from tests import factories
 
 pytestmark = pytest.mark.django_db
@@ -63,17 +61,6 @@ def test_the_chat_page_offers_upload_limits_models_and_collections(
     assert ">handbook</option>" in html
     assert re.search(r'<option value="auto"', html)
     assert 'aria-label="Conversations"' in html
-    assert 'id="mode"' not in html  # the messages endpoint takes no mode here
-
-
-def test_the_chat_page_offers_search_modes_when_the_endpoint_takes_them(
-    signed_in: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    class WithMode(ConversationMessageCreateApi.InputSerializer):
-        mode = serializers.ChoiceField(choices=["hybrid", "dense", "keyword"], required=False)
-
-    monkeypatch.setattr(ConversationMessageCreateApi, "InputSerializer", WithMode)
-    html = signed_in().get("/").content.decode()
     assert re.findall(r'<option value="(\w+)">\1</option>', html.split('id="mode"')[1]) == [
         "hybrid",
         "dense",
