@@ -6,6 +6,7 @@ still decrypt), run ``manage.py rotate_encryption_key``, then remove the old key
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 
 from django.apps import apps
@@ -13,8 +14,10 @@ from django.conf import settings
 from django.core.files.base import ContentFile
 from django.db import models, transaction
 
-from apps.core.crypto import reencrypt
+from apps.core.crypto import InvalidToken, reencrypt
 from apps.core.fields import EncryptedJSONField, EncryptedTextField
+
+logger = logging.getLogger(__name__)
 
 Progress = Callable[[str, int, int], None]
 """Called after each batch with what is rotated, how many so far and how many in all."""
@@ -88,20 +91,26 @@ def event_buffers_reencrypt(*, progress: Progress) -> int:
     if not url:
         return 0
     client = redis.Redis.from_url(url, socket_timeout=settings.REDIS_SOCKET_TIMEOUT)
-    done = 0
+    done = unreadable = 0
     try:
         for key in client.scan_iter(match=f"{EVENT_BUFFER_PREFIX}*", count=500):
             items = client.lrange(key, 0, -1)
             with client.pipeline(transaction=True) as pipe:
                 for index, item in enumerate(items):
-                    if not item.startswith(b"["):  # items written in clear stay so
+                    if item.startswith(b"["):  # items written in clear stay so
+                        continue
+                    try:
                         pipe.lset(key, index, reencrypt(item))
+                    except InvalidToken:  # under a key already removed: it expires as is
+                        unreadable += 1
                 pipe.execute()
             done += 1
             if done % 500 == 0:
                 progress("Redis event buffers", done, done)
     finally:
         client.close()
+    if unreadable:
+        logger.warning("%d Redis event items are under no configured key; left", unreadable)
     progress("Redis event buffers", done, done)
     return done
 

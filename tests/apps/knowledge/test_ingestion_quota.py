@@ -4,6 +4,7 @@ what was embedded, refused before anything is embedded or charged."""
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import pytest
 from django.utils import timezone
@@ -20,8 +21,10 @@ from apps.knowledge.services import (
     embedder,
     ingestion,
 )
-from apps.usage.budgets import reservations_release_expired
-from apps.usage.models import Limit, QuotaCounter, Reservation, UsageRecord
+from apps.usage.budgets import period_bounds, reservations_release_expired
+from apps.usage.budgets import quota_used as counted
+from apps.usage.limiters import QuotaKey
+from apps.usage.models import Limit, Reservation, UsageRecord
 from retrieval import Embeddings, FakeEmbedder, embedding_text
 from tests import factories
 
@@ -54,7 +57,11 @@ def cost_of(team: Team, label: str, parts: int = 6) -> int:
 
 
 def quota_used(team: Team) -> int:
-    return QuotaCounter.objects.get(limit__team=team, period="day").used
+    """What the team's daily quota counts (settled plus held), in whichever store."""
+    limit = Limit.objects.get(team=team, api_key__isnull=True)
+    now = timezone.now()
+    starts_on, _ = period_bounds("day", now, ZoneInfo(team.time_zone))
+    return counted(key=QuotaKey(limit.pk, "day", starts_on), now=now)
 
 
 def ledger_tokens(team: Team) -> int:
