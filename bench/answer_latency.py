@@ -29,18 +29,20 @@ What is measured (one run, three parts, each printed as a table)
        p95, retrieval / (retrieval + TTFT) and retrieval / TTFT.
     3. Tokens/s arriving at an SSE client, app against tier, at each ``--concurrency``
        (default 1 and 4 streams at once, started together from threads), ``--stream-reps``
-       times each. A stream's rate is (content chunks - 1) / (last chunk time - first chunk
-       time), counting ``delta`` events for the app and chunks with non-empty
-       ``delta.content`` for the tier (llama.cpp sends one token per chunk); a batch's
-       aggregate rate is (all chunks - 1) / (last chunk of any stream - first chunk of any
-       stream). Reported: median per-stream and aggregate rates and their ratios app/tier,
-       chunks per stream, and the median wait to a stream's first token. The real tier
-       serves one request at a time, so concurrent streams queue behind each other. The
-       same is then measured against the scripted fake upstream (``tests.fake_upstream``,
-       one token every ``--fake-delays`` seconds, 10 ms and 1 ms by default, streams served
-       concurrently), which isolates the app's own overhead (``--no-fake`` skips it). The
-       fake also records what the app sends: before part 1 the script checks that the
-       app's request body is exactly the one sent directly.
+       times each. A stream's rate is (tokens after the first chunk) / (last chunk time -
+       first chunk time), counting ``delta`` events for the app and chunks with non-empty
+       ``delta.content`` for the tier (llama.cpp sends one token per chunk). The app merges
+       the tokens that reach it in one read into one ``delta``; the fake tier's tokens (``
+       t0``, `` t1``, ...) are counted inside it, any other text as one token per chunk. A
+       batch's aggregate rate is (all tokens - the first chunk's) / (last chunk of any
+       stream - first chunk of any stream). Reported: median per-stream and aggregate rates
+       and their ratios app/tier, chunks per stream, and the median wait to a stream's first
+       token. The real tier serves one request at a time, so concurrent streams queue behind
+       each other. The same is then measured against the scripted fake upstream
+       (``tests.fake_upstream``, one token every ``--fake-delays`` seconds, 10 ms and 1 ms
+       by default, streams served concurrently), which isolates the app's own overhead
+       (``--no-fake`` skips it). The fake also records what the app sends: before part 1 the
+       script checks that the app's request body is exactly the one sent directly.
 
 How
     A fresh temp ``RAGTIER_DATA_DIR`` (new SQLite file, index files, logs; ``DATABASE_URL``
@@ -68,6 +70,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -287,7 +290,13 @@ def setup_data(*, ingest: bool = True) -> tuple[str, str]:
 class Stream:
     sent: float
     chunk_times: list[float] = field(default_factory=list)
+    chunk_tokens: list[int] = field(default_factory=list)
+    """Tokens in each chunk: the app merges the tokens that reach it in one read."""
     error: str | None = None
+
+    def add(self, arrived: float, text: str) -> None:
+        self.chunk_times.append(arrived)
+        self.chunk_tokens.append(len(FAKE_TOKEN.findall(text)) or 1)
 
     @property
     def ttft(self) -> float:
@@ -297,8 +306,16 @@ class Stream:
 
     @property
     def rate(self) -> float | None:
+        """Tokens per second after the first chunk."""
         times = self.chunk_times
-        return (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 else None
+        if len(times) < 2 or times[-1] == times[0]:
+            return None
+        return (sum(self.chunk_tokens) - self.chunk_tokens[0]) / (times[-1] - times[0])
+
+
+# The fake tier's tokens (" t0", " t1", ...): counted inside a merged delta. Any other text
+# counts one token per chunk.
+FAKE_TOKEN = re.compile(r" t\d+")
 
 
 def stream_direct(client: httpx.Client, body: dict[str, Any]) -> Stream:
@@ -316,8 +333,11 @@ def stream_direct(client: httpx.Client, body: dict[str, Any]) -> Stream:
             if payload == "[DONE]":
                 break
             chunk = json.loads(payload)
-            if any((c.get("delta") or {}).get("content") for c in chunk.get("choices") or []):
-                result.chunk_times.append(arrived)
+            text = "".join(
+                (c.get("delta") or {}).get("content") or "" for c in chunk.get("choices") or []
+            )
+            if text:
+                result.add(arrived, text)
     return result
 
 
@@ -338,8 +358,8 @@ def stream_app(client: httpx.Client, conversation_id: int, body: dict[str, Any])
             arrived = time.perf_counter()
             if line.startswith("event:"):
                 event = line[6:].strip()
-                if event == "delta":
-                    result.chunk_times.append(arrived)
+            elif line.startswith("data:") and event == "delta":
+                result.add(arrived, json.loads(line[5:])["text"])
             elif line.startswith("data:") and event == "error":
                 result.error = line[5:].strip()
             elif line == "":
@@ -631,9 +651,14 @@ class BatchStats:
                 self.per_stream.append(rate)
             self.chunks.append(len(stream.chunk_times))
             self.wait_ms.append(stream.ttft * 1000.0)
-        times = sorted(t for stream in streams for t in stream.chunk_times)
-        if len(times) > 1:
-            self.aggregate.append((len(times) - 1) / (times[-1] - times[0]))
+        arrivals = sorted(
+            (time_, tokens)
+            for stream in streams
+            for time_, tokens in zip(stream.chunk_times, stream.chunk_tokens, strict=True)
+        )
+        if len(arrivals) > 1 and arrivals[-1][0] > arrivals[0][0]:
+            tokens = sum(n for _, n in arrivals) - arrivals[0][1]
+            self.aggregate.append(tokens / (arrivals[-1][0] - arrivals[0][0]))
 
 
 def measure_throughput(
@@ -693,7 +718,7 @@ def part_throughput(
     )
     print(
         f"max_tokens {max_tokens}, {reps} reps per concurrency, order alternating; "
-        "rates in tokens/s (content chunks); medians"
+        "rates in tokens/s (tokens in content chunks); medians"
     )
     print(
         f"{'':>7}  {'per-stream tokens/s':^26}  {'aggregate tokens/s':^26}  "

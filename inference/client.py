@@ -209,7 +209,8 @@ class OpenAIClient:
                 if response.status_code != 200:
                     body = (await response.aread()).decode("utf-8", "replace")
                     raise upstream_error(response.status_code, body, response.headers)
-                lines = _sse_lines(response.aiter_bytes())
+                reads = response.aiter_bytes()
+                lines = LineSplitter()
                 first = True
                 done = False
                 while not done:
@@ -217,24 +218,32 @@ class OpenAIClient:
                     limit = min(limit, deadline - time.monotonic())
                     try:
                         async with asyncio.timeout(max(limit, 0)):
-                            line = await anext(lines)
+                            read = await anext(reads)
                     except StopAsyncIteration:
-                        break
+                        read = None
                     except TimeoutError:
                         what = "first token" if first else "next token"
                         raise InferenceTimeout(f"no {what} within {limit:.1f}s") from None
-                    payload = _data(line)
-                    if payload is None:
-                        continue
-                    if payload == "[DONE]":
-                        done = True
-                        continue
-                    for event in _events(_json(payload), splitter):
+                    events: list[Event] = []
+                    failure: InferenceError | None = None
+                    try:
+                        done = _parse(
+                            lines.feed(read) if read is not None else lines.close(),
+                            splitter,
+                            into=events,
+                        )
+                    except InferenceError as exc:  # what came before it still goes out
+                        failure = exc
+                    for event in coalesced(events):
                         first = False
                         yield event
+                    if failure is not None:
+                        raise failure
+                    if read is None:
+                        break
                 if not done:
                     raise UpstreamProtocolError("the stream ended without [DONE]")
-                await _drain(lines)
+                await _drain(reads)
                 for kind, text in splitter.flush():
                     yield ReasoningDelta(text) if kind == "reasoning" else TextDelta(text)
         except httpx.TimeoutException as exc:
@@ -246,40 +255,85 @@ class OpenAIClient:
 MAX_LINE_BYTES = 8 * 1024 * 1024  # a 2 MB token passes; a 10 MB line is refused
 
 
-async def _drain(lines: AsyncIterator[str], seconds: float = 1.0) -> None:
+async def _drain(reads: AsyncIterator[bytes], seconds: float = 1.0) -> None:
     """Read what follows ``[DONE]`` (normally only the body's end), so that the connection
     goes back to the pool for the next answer; one that does not end soon is closed."""
     with suppress(TimeoutError, httpx.HTTPError):
         async with asyncio.timeout(seconds):
-            async for _ in lines:
+            async for _ in reads:
                 pass
 
 
-async def _sse_lines(chunks: AsyncIterator[bytes]) -> AsyncGenerator[str]:
-    """The lines of an event stream, split on LF only (a CR before it is dropped).
+class LineSplitter:
+    """The lines of an event stream, fed as the bytes arrive; split on LF only (a CR before
+    it is dropped).
 
     ``str.splitlines``, and so httpx's ``aiter_lines``, also ends a line at U+2028, U+2029,
     U+0085 and other separators that a tier's JSON carries unescaped inside a string: a
     token holding one would cut its chunk in two. LF never occurs inside a multi-byte UTF-8
     sequence, so bytes are split first and each whole line decoded once.
     """
-    pending: list[bytes] = []
-    size = 0
-    async for chunk in chunks:
+
+    __slots__ = ("_pending", "_size")
+
+    def __init__(self) -> None:
+        self._pending: list[bytes] = []
+        self._size = 0
+
+    def feed(self, chunk: bytes) -> list[str]:
+        """The lines ``chunk`` completes."""
         *complete, rest = chunk.split(b"\n")
+        lines: list[str] = []
         for part in complete:
-            pending.append(part)
-            line = b"".join(pending)
-            pending.clear()
-            size = 0
-            yield line.removesuffix(b"\r").decode("utf-8", "replace")
+            if self._pending:
+                self._pending.append(part)
+                part = b"".join(self._pending)
+                self._pending.clear()
+                self._size = 0
+            lines.append(part.removesuffix(b"\r").decode("utf-8", "replace"))
         if rest:
-            pending.append(rest)
-            size += len(rest)
-            if size > MAX_LINE_BYTES:
+            self._pending.append(rest)
+            self._size += len(rest)
+            if self._size > MAX_LINE_BYTES:
                 raise UpstreamProtocolError(f"a stream line is over {MAX_LINE_BYTES} bytes")
-    if pending:
-        yield b"".join(pending).removesuffix(b"\r").decode("utf-8", "replace")
+        return lines
+
+    def close(self) -> list[str]:
+        """The last line, when the stream ended without a newline."""
+        if not self._pending:
+            return []
+        line, self._pending = b"".join(self._pending), []
+        return [line.removesuffix(b"\r").decode("utf-8", "replace")]
+
+
+def coalesced(events: list[Event]) -> list[Event]:
+    """``events`` with each run of adjacent text (or reasoning) deltas merged into one.
+
+    Everything that arrived in one read goes on as one delta: when tokens come faster than
+    this process handles them one by one, each later step (journal, framing, the write)
+    runs once per read instead of once per token. Nothing waits for a batch to fill, so a
+    slow stream still goes token by token."""
+    merged: list[Event] = []
+    for event in events:
+        last = merged[-1] if merged else None
+        if isinstance(event, TextDelta) and isinstance(last, TextDelta):
+            merged[-1] = TextDelta(last.text + event.text)  # one read: at most 64 KiB
+        elif isinstance(event, ReasoningDelta) and isinstance(last, ReasoningDelta):
+            merged[-1] = ReasoningDelta(last.text + event.text)
+        else:
+            merged.append(event)
+    return merged
+
+
+def _parse(lines: list[str], splitter: ThinkSplitter, *, into: list[Event]) -> bool:
+    """The events of ``lines`` appended to ``into``; True once ``[DONE]`` is read."""
+    for line in lines:
+        payload = _data(line)
+        if payload == "[DONE]":
+            return True
+        if payload is not None:
+            into.extend(_events(_json(payload), splitter))
+    return False
 
 
 def _data(line: str) -> str | None:

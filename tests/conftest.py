@@ -47,6 +47,15 @@ def _limiter_keys(settings: Any) -> None:
     settings.INFERENCE_QUEUE_KEY_PREFIX = f"{prefix}queue:"
 
 
+@pytest.fixture(autouse=True)
+def _limits_cache() -> None:
+    """Rows a test rolled back send no signal, and the next test's team may get the same
+    id: each test starts with no limits cached."""
+    from apps.usage.budgets import limits_cache
+
+    limits_cache.clear()
+
+
 def reachable_redis_url() -> str:
     """The Redis the suite may use (CI's ``REDIS_URL``, else the local one), or skip."""
     import os

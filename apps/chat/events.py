@@ -1,6 +1,10 @@
 """Where an answer's events are kept for replay and resume: Redis when configured (a list
-per message, with a TTL), else the database. Both number events 1, 2, 3… per message, and
-both keep them encrypted (:mod:`apps.core.crypto`): they hold the answer's text."""
+per message, with a TTL), else the database. Events are numbered 1, 2, 3… per message and
+kept encrypted (:mod:`apps.core.crypto`): they hold the answer's text.
+
+Each append (a journal flush, every quarter second of an answer) is one record: a batch of
+events, sealed once. Per event, a row or list item and an encryption would cost more than
+the rest of the path a token takes; replay expands the batches again."""
 
 from __future__ import annotations
 
@@ -15,31 +19,37 @@ from apps.chat.models import MessageEvent
 from apps.core.aio import db_call, redis_client
 from apps.core.crypto import decrypt_bytes, encrypt_bytes
 
+Events = list[tuple[int, str, dict[str, Any]]]
+
 
 class EventStore(Protocol):
-    async def append(
-        self, message_id: int, events: list[tuple[int, str, dict[str, Any]]]
-    ) -> None: ...
+    async def append(self, message_id: int, events: Events) -> None:
+        """Store ``events`` (numbered, in order, not empty) as one record."""
 
-    async def after(self, message_id: int, seq: int) -> list[tuple[int, str, dict[str, Any]]]: ...
+    async def after(self, message_id: int, seq: int) -> Events:
+        """The stored events numbered after ``seq``, in order."""
 
     async def aclose(self) -> None: ...
 
 
+BATCH = "batch"
+"""The ``event`` of a database row holding a batch (``seq``: its last event's)."""
+
+
 class DatabaseEventStore:
-    async def append(self, message_id: int, events: list[tuple[int, str, dict[str, Any]]]) -> None:
+    async def append(self, message_id: int, events: Events) -> None:
         await db_call(MessageEvent.objects.bulk_create)(
-            [MessageEvent(message_id=message_id, seq=s, event=e, data=d) for s, e, d in events],
+            [MessageEvent(message_id=message_id, seq=events[-1][0], event=BATCH, data=events)],
             ignore_conflicts=True,
         )
 
-    async def after(self, message_id: int, seq: int) -> list[tuple[int, str, dict[str, Any]]]:
+    async def after(self, message_id: int, seq: int) -> Events:
         return await db_call(self._after)(message_id, seq)
 
     @staticmethod
-    def _after(message_id: int, seq: int) -> list[tuple[int, str, dict[str, Any]]]:
+    def _after(message_id: int, seq: int) -> Events:
         rows = MessageEvent.objects.filter(message_id=message_id, seq__gt=seq).order_by("seq")
-        return [(row.seq, row.event, row.data) for row in rows]
+        return _after(seq, ((row.seq, row.event, row.data) for row in rows))
 
     async def aclose(self) -> None:
         pass
@@ -54,20 +64,34 @@ class RedisEventStore:
     def key(message_id: int) -> str:
         return event_buffer_key(message_id)
 
-    async def append(self, message_id: int, events: list[tuple[int, str, dict[str, Any]]]) -> None:
+    async def append(self, message_id: int, events: Events) -> None:
         key = self.key(message_id)
         async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.rpush(key, *(_seal([s, e, d]) for s, e, d in events))
+            pipe.rpush(key, _seal([events[-1][0], BATCH, events]))
             pipe.expire(key, self._ttl)
             await pipe.execute()
 
-    async def after(self, message_id: int, seq: int) -> list[tuple[int, str, dict[str, Any]]]:
-        # Event n sits at index n - 1, so the events after ``seq`` start at index ``seq``.
-        raw = await self._redis.lrange(self.key(message_id), seq, -1)
-        return [tuple(_open(item)) for item in raw]  # type: ignore[misc]
+    async def after(self, message_id: int, seq: int) -> Events:
+        raw = await self._redis.lrange(self.key(message_id), 0, -1)
+        return _after(seq, (tuple(_open(item)) for item in raw))  # type: ignore[misc]
 
     async def aclose(self) -> None:
         pass  # the client is shared by every answer of this event loop
+
+
+def _after(seq: int, records: Iterable[tuple[int, str, Any]]) -> Events:
+    """The events after ``seq`` in stored records (ordered by their last event): batches
+    (their last event's seq, ``BATCH``, the events) and single events (as stored before
+    batches). An event stored twice (a flush retried after a write that did land) goes
+    out once."""
+    found: Events = []
+    for last, name, data in records:
+        batch = data if name == BATCH else [(last, name, data)]
+        for s, e, d in batch:
+            if s > seq:
+                found.append((s, e, d))
+                seq = s
+    return found
 
 
 def event_store() -> EventStore:

@@ -36,16 +36,18 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import uuid
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import date, datetime, time, timedelta
+from time import monotonic
 from zoneinfo import ZoneInfo
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import F, Q, QuerySet
+from django.db.models import F, Q, QuerySet, signals
 from django.db.models.functions import Greatest
 from django.utils import timezone
 
@@ -89,6 +91,46 @@ def limits_of(*, team: Team, api_key: ApiKey | None) -> QuerySet[Limit]:
     if api_key is None:
         return Limit.objects.filter(team=team, api_key__isnull=True)
     return Limit.objects.filter(Q(team=team, api_key__isnull=True) | Q(api_key=api_key))
+
+
+class LimitsCache:
+    """The limits of each caller (team, key) as read in the last ``LIMITS_CACHE_SECONDS``
+    (5 by default; 0 turns it off), so that an answer reads none before its first token.
+    A limit saved or deleted in this process applies at once (the cache is cleared); one
+    changed in another process, within the cache time, like a key's revocation. Bounded:
+    past ``max_entries`` callers it starts afresh."""
+
+    def __init__(
+        self, *, max_entries: int = 10_000, clock: Callable[[], float] = monotonic
+    ) -> None:
+        self.max_entries = max_entries
+        self.clock = clock
+        self._entries: dict[tuple[int, int | None], tuple[float, list[Limit]]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, *, team: Team, api_key: ApiKey | None) -> list[Limit]:
+        ttl: float = settings.LIMITS_CACHE_SECONDS
+        key = (team.pk, api_key.pk if api_key is not None else None)
+        now = self.clock()
+        entry = self._entries.get(key)
+        if entry is not None and now - entry[0] < ttl:
+            return entry[1]
+        limits = list(limits_of(team=team, api_key=api_key))
+        if ttl > 0:
+            with self._lock:
+                if len(self._entries) >= self.max_entries:
+                    self._entries.clear()
+                self._entries[key] = (now, limits)
+        return limits
+
+    def clear(self, **_: object) -> None:
+        with self._lock:
+            self._entries.clear()
+
+
+limits_cache = LimitsCache()
+signals.post_save.connect(limits_cache.clear, sender=Limit, weak=False)
+signals.post_delete.connect(limits_cache.clear, sender=Limit, weak=False)
 
 
 def max_tokens_cap(*, limits: Iterable[Limit]) -> int | None:

@@ -23,6 +23,9 @@ MODEL_ENERGY_WH_PER_1K_TOKENS: dict[str, float] = env.json(
 )
 MAX_USAGE_REPORT_DAYS = env.int("RAGTIER_MAX_USAGE_REPORT_DAYS", default=366)
 RESERVATION_TTL_SECONDS = env.int("RESERVATION_TTL_SECONDS", default=3600)
+# Each process keeps the limits it read this long (a change in another process applies
+# within it; one made here, at once). 0: read them on every request.
+LIMITS_CACHE_SECONDS = env.float("LIMITS_CACHE_SECONDS", default=5.0)
 
 # Token buckets and stream slots: Redis when configured (one Lua script per reservation),
 # else the database. Period quotas are always in the database.

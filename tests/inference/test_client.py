@@ -285,3 +285,35 @@ async def test_the_body_is_read_past_done_so_the_connection_is_kept() -> None:
     events = await collect(client)
     assert any(isinstance(event, TextDelta) for event in events)
     assert body.read_to_end
+
+
+async def test_deltas_that_arrive_in_one_read_go_on_as_one() -> None:
+    """Tokens read together are merged (each later step then runs once per read, not once
+    per token); tokens read apart stay apart, and nothing is lost or reordered."""
+    body = chunks({"content": "a"}, {"content": "b"}, {"reasoning_content": "r"}, {"content": "c"})
+    together = await collect(client_for(sse(body)))
+    assert together[:3] == [TextDelta("ab"), ReasoningDelta("r"), TextDelta("c")]
+
+    lines = [line + b"\n\n" for line in body.split(b"\n\n") if line]
+    apart = await collect(
+        client_for(
+            lambda request: httpx.Response(
+                200, stream=TrackedBody(*lines), headers={"content-type": "text/event-stream"}
+            )
+        )
+    )
+    assert [e for e in apart if isinstance(e, TextDelta)] == [
+        TextDelta("a"),
+        TextDelta("b"),
+        TextDelta("c"),
+    ]
+
+
+async def test_text_before_an_error_line_in_the_same_read_still_goes_out() -> None:
+    body = b'data: {"choices":[{"index":0,"delta":{"content":"partial"}}]}\n\n'
+    body += b'data: {"error":{"message":"boom","code":500}}\n\n'
+    seen: list[object] = []
+    with pytest.raises(InferenceError):
+        async for event in client_for(sse(body)).stream_chat(REQUEST):
+            seen.append(event)
+    assert seen == [TextDelta("partial")]

@@ -30,7 +30,7 @@ from apps.usage.budgets import (
     budget_extend,
     budget_reserve,
     budget_settle,
-    limits_of,
+    limits_cache,
     max_tokens_cap,
 )
 from apps.usage.models import Reservation
@@ -113,7 +113,7 @@ def answer_prepare(
     """
     if isinstance(conversation, int):
         conversation = conversation_get(team=caller.team, conversation_id=conversation)
-    limits = list(limits_of(team=caller.team, api_key=caller.api_key))
+    limits = limits_cache.get(team=caller.team, api_key=caller.api_key)
     output_tokens = output_tokens_resolve(
         spec=spec, max_tokens=max_tokens, cap=max_tokens_cap(limits=limits)
     )

@@ -19,7 +19,7 @@ from apps.accounts.selectors import Caller
 from apps.knowledge.models import Chunk, Collection, Document
 from apps.knowledge.selectors import collection_list_readable
 from apps.knowledge.services.indexing import embedder, index_store, keyword_index_build
-from apps.usage.budgets import budget_reserve, budget_settle, limits_of
+from apps.usage.budgets import budget_reserve, budget_settle, limits_cache
 from apps.usage.models import UsageRecord
 from apps.usage.services import usage_record_embedding
 from retrieval import Hit, IndexCorrupted, KeywordIndex, fusion_depth, reciprocal_rank_fusion
@@ -144,7 +144,7 @@ def _dense_search(
     model = embedder()
     # Held before embedding, like every other token: a team past its quota gets its 429
     # here, not free compute; settled to the exact count once the search has succeeded.
-    limits = list(limits_of(team=caller.team, api_key=caller.api_key))
+    limits = limits_cache.get(team=caller.team, api_key=caller.api_key)
     reservation = (
         budget_reserve(
             team=caller.team,
