@@ -66,6 +66,7 @@ ENV VIRTUAL_ENV=/opt/venv \
     PYTHONDONTWRITEBYTECODE=1 \
     HF_HUB_OFFLINE=1 \
     TRANSFORMERS_OFFLINE=1 \
+    DJANGO_ENV=production \
     DJANGO_SETTINGS_MODULE=config.settings.production \
     RAGTIER_DATA_DIR=/data
 

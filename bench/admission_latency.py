@@ -3,21 +3,21 @@
 What is measured (one run, printed as one table)
     Admission is what every chat generation pays before and after its model call: the real
     ``apps.usage.budgets.budget_reserve``, called as the answer path calls it
-    (``defer_record=True``): with the database store one transaction (period quota
-    ``UPDATE``, token bucket and stream slot rows, ``Reservation`` row); with Redis one Lua
-    call (quotas, bucket, slot), the ``Reservation`` row left to be written later. Then
-    ``budget_settle``: one transaction that writes the row if it is not there yet, claims
-    the reservation and records the quota counter, with, for Redis, the refund (one Lua
-    call) inside it. One sample = reserve time + settle time of one
-    request, on ``time.perf_counter``. Four configurations, side by side in one run:
-    {Redis store, database store} x {1, 32 concurrent requests}. Concurrency is threads
-    started together on a barrier, each running its share of ``--iterations`` back to back
-    on its own database connection (closed at its end). The team has one team ``Limit``
-    with a large token bucket (``burst_tokens``, ``tokens_per_minute``), large
-    ``daily_tokens`` and ``max_concurrent_streams`` >= the concurrency, so every path runs
-    and nothing is refused. Each request reserves ``--reserve-tokens`` and settles with
-    ``actual = reserved - refund`` (refund varies per request). ``--warmup`` unmeasured
-    requests go first in each configuration.
+    (``defer_record=True``, the caller's limits from the in-process cache): with the
+    database store one transaction (period quota ``UPDATE``, token bucket and stream slot
+    rows, ``Reservation`` row); with Redis one Lua call (quotas, bucket, slot), the
+    ``Reservation`` row left to be written later. Then ``budget_settle``: one transaction
+    that writes the row if it is not there yet, claims the reservation and records the quota
+    counter, with, for Redis, the refund (one Lua call) inside it. One sample = reserve time
+    + settle time of one request, on ``time.perf_counter``. Four configurations, side by
+    side in one run: {Redis store, database store} x {1, 32 concurrent requests}.
+    Concurrency is threads started together on a barrier, each running its share of
+    ``--iterations`` back to back on its own database connection (closed at its end). The
+    team has one team ``Limit`` with a large token bucket (``burst_tokens``,
+    ``tokens_per_minute``), large ``daily_tokens`` and ``max_concurrent_streams`` >= the
+    concurrency, so every path runs and nothing is refused. Each request reserves
+    ``--reserve-tokens`` and settles with ``actual = reserved - refund`` (refund varies per
+    request). ``--warmup`` unmeasured requests go first in each configuration.
 
     Against it, the fake upstream's TTFT (``tests.fake_upstream.fake_upstream()`` on a real
     loopback socket, default script): a streaming ``POST /v1/chat/completions`` with
@@ -223,7 +223,7 @@ def run_configuration(
 
     from apps.accounts.models import Team
     from apps.accounts.services import team_create
-    from apps.usage.budgets import budget_reserve, budget_settle
+    from apps.usage.budgets import budget_reserve, budget_settle, limits_cache
     from apps.usage.models import Limit, QuotaCounter, Reservation
 
     settings.RATE_LIMIT_REDIS_URL = redis_url if store == "redis" else ""
@@ -255,7 +255,11 @@ def run_configuration(
         refund = 1 + number % (reserve_tokens // 2)
         started = time.perf_counter()
         reservation = budget_reserve(
-            team=team, api_key=None, tokens=reserve_tokens, defer_record=True
+            team=team,
+            api_key=None,
+            tokens=reserve_tokens,
+            defer_record=True,
+            limits=limits_cache.get(team=team, api_key=None),  # as the answer path reads them
         )
         reserved = time.perf_counter()
         actual = reserve_tokens - refund

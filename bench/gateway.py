@@ -16,7 +16,8 @@ What is measured (every part in both configurations; one line per target,
        Reported per surface: p50 and p99 of the per-round difference app - tier.
        Targets: p50 <= 3 ms, p99 <= 15 ms.
     2. Admission: ``budget_reserve`` + ``budget_settle`` in this process, measured by
-       bench/admission_latency.py's ``run_configuration`` (one sample = reserve + settle),
+       bench/admission_latency.py's ``run_configuration`` (one sample = reserve + settle;
+       the reserve alone, the step before the first token, is shown beside),
        ``--admission-concurrency`` (32) threads at once spread over 8 teams, then all on one
        team. Every team has a ``Limit`` (token bucket, daily quota, stream slots), so each
        limiter path runs and nothing is refused. The limiter store is the database (SQLite)
@@ -347,6 +348,11 @@ def part_admission(stack: Stack, part: Part) -> None:
         for q, bound in targets.items():
             value = percentile(result.samples_ms, q) if result.samples_ms else None
             part.add(f"{label}: p{q}", value, " ms", ("<=", bound) if bound else None)
+        # The part before the first token: the reservation alone (settling comes after the
+        # last token, off the path users wait on). Same bounds, shown beside.
+        for q, bound in targets.items():
+            value = percentile(result.reserve_ms, q) if result.reserve_ms else None
+            part.add(f"{label}: reserve only p{q}", value, " ms", ("<=", bound) if bound else None)
         rate = len(result.samples_ms) / result.wall_s if result.wall_s else 0.0
         part.notes.append(
             f"{label}: {len(result.samples_ms)} samples, {store} store, {rate:.0f} admissions/s"

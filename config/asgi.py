@@ -1,13 +1,13 @@
 """ASGI entry point: static files, then Django behind a body-size guard (413 before
 Django buffers the body)."""
 
-import os
-
 from django.core import signals
 from django.core.asgi import get_asgi_application
 from django.db import close_old_connections, reset_queries
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.base")
+from config.environment import use_default_settings
+
+use_default_settings()
 
 django_application = get_asgi_application()
 

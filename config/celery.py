@@ -1,11 +1,11 @@
 """The Celery app; configuration lives in Django settings under the CELERY_ namespace."""
 
-import os
-
 from celery import Celery
 from celery.signals import worker_process_init
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.base")
+from config.environment import use_default_settings
+
+use_default_settings()
 
 app = Celery("ragtier")
 app.config_from_object("django.conf:settings", namespace="CELERY")

@@ -8,6 +8,11 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 
 env = environ.Env()
 
+# "production" (docker-compose sets it): no setting falls back to an embedded default's
+# value, and monitoring endpoints are closed unless a token or network opens them.
+DJANGO_ENV = env.str("DJANGO_ENV", default="development").strip().lower()
+IS_PRODUCTION = DJANGO_ENV == "production"
+
 DATA_DIR = Path(env.path("RAGTIER_DATA_DIR", default=str(BASE_DIR / "data")))
 # The embedded default keeps its database, indexes and uploads here: make sure it exists.
 DATA_DIR.mkdir(parents=True, exist_ok=True)

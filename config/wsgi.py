@@ -1,9 +1,9 @@
 """WSGI entry point, for tools that want one; the product is served over ASGI."""
 
-import os
-
 from django.core.wsgi import get_wsgi_application
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.base")
+from config.environment import use_default_settings
+
+use_default_settings()
 
 application = get_wsgi_application()

@@ -1,4 +1,5 @@
-"""An async client for OpenAI-compatible inference servers (llama.cpp, vLLM, Ollama, TGI).
+"""An async client for OpenAI-compatible inference servers (llama.cpp, vLLM, Ollama, TGI,
+Triton's OpenAI frontend).
 
 Always streams, with ``stream_options.include_usage``, and turns the wire into typed
 events. Split timeouts: connect, first token, idle between chunks, and total. Retries
@@ -8,8 +9,12 @@ is ever duplicated. Every ``httpx`` error is wrapped in :mod:`inference.errors`.
 
 Every server's error dialect is read in one place (:func:`upstream_error`): vLLM's
 ``"code": 400`` (an integer), llama.cpp's ``"code": "context_length_exceeded"``, TGI's 422
-and its ``error_type``, a bare ``{"error": "..."}``. What the tier said goes to the log;
+and its ``error_type`` (and its in-stream ``http_status_code``), Triton's FastAPI
+``{"detail": "..."}``, a bare ``{"error": "..."}``. What the tier said goes to the log;
 what the caller reads is this package's own message, never an upstream URL or text.
+Finish reasons are read in one place too (TGI's ``eos_token`` and ``stop_sequence`` are
+a ``stop``), and the context window wherever the server tells it (:meth:`OpenAIClient.
+context_window`: vLLM's ``max_model_len``, Ollama's ``/api/show``).
 """
 
 from __future__ import annotations
@@ -47,11 +52,23 @@ logger = logging.getLogger(__name__)
 
 RETRYABLE_STATUS = frozenset({408, 409, 425, 500, 502, 503, 504})
 # What servers say when the prompt does not fit: vLLM "maximum context length", llama.cpp
-# "exceeds the available context size", TGI "must be <= 4096" on tokens, Ollama "context".
+# "exceeds the available context size", TGI "must be <= 4096" on tokens and "`inputs` must
+# have less than 4096 tokens", Ollama "context".
 CONTEXT_ERROR = re.compile(
-    r"context[ _](length|window|size)|maximum context|tokens? \+ `?max_new_tokens`? must be",
+    r"context[ _](length|window|size)|maximum context|tokens? \+ `?max_new_tokens`? must be"
+    r"|`?inputs`? must have less than \d+ tokens",
     re.IGNORECASE,
 )
+# What servers say when they do not serve the model asked for: vLLM's 404 "The model `x`
+# does not exist", Ollama's 404 'model "x" not found', Triton's 400 "Unknown model: x".
+# The deployment is misconfigured: the tier failed (502), not the caller's request.
+MODEL_MISSING = re.compile(r"unknown model|model .{0,200}(does not exist|not found)", re.I)
+# Finish reasons other than OpenAI's that mean the same: TGI's end of sequence and stop
+# sequences (its Messages API formats the first as "stop" since 1.4, the second never).
+FINISH_REASONS = {"eos_token": "stop", "stop_sequence": "stop"}
+OLLAMA_DEFAULT_NUM_CTX = 4096
+"""Ollama's num_ctx when neither the model nor the server sets one (2048 before 0.6; a
+larger one on big GPUs since 0.12, or ``OLLAMA_CONTEXT_LENGTH``): the safe assumption."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +192,26 @@ class OpenAIClient:
             raise upstream_error(response.status_code, response.text, response.headers)
         data = response.json().get("data", [])
         return [item for item in data if isinstance(item, dict)]
+
+    async def context_window(self, served_name: str) -> int | None:
+        """The context window the tier serves ``served_name`` with, or None when it does not
+        say: vLLM's ``max_model_len`` in ``/v1/models``, else Ollama's ``/api/show`` (at
+        the server root), read by :func:`ollama_context_window`."""
+        for model in await self.models():
+            if model.get("id") == served_name and model.get("max_model_len"):
+                return int(model["max_model_len"])
+        root = str(self._http.base_url).rstrip("/").removesuffix("/v1")
+        try:
+            response = await self._http.post(f"{root}/api/show", json={"model": served_name})
+        except httpx.HTTPError as exc:
+            raise InferenceUnavailable(f"inference tier unreachable: {exc!r}") from exc
+        if response.status_code != 200:
+            return None  # not Ollama (or not this model): the tier does not say
+        try:
+            show = response.json()
+        except ValueError:
+            return None
+        return ollama_context_window(show, model=served_name) if isinstance(show, dict) else None
 
     async def stream_chat(self, request: ChatRequest) -> AsyncIterator[Event]:
         """Events of one generation; retried transparently until the first one arrives."""
@@ -370,7 +407,8 @@ def _events(chunk: dict[str, Any], splitter: ThinkSplitter) -> list[Event]:
                 ReasoningDelta(text) if kind == "reasoning" else TextDelta(text)
                 for kind, text in splitter.flush()
             )
-            events.append(Finished(str(choice["finish_reason"])))
+            reason = str(choice["finish_reason"])
+            events.append(Finished(FINISH_REASONS.get(reason, reason)))
     usage = usage_from(chunk.get("usage"))
     if usage is not None:
         events.append(usage)
@@ -438,9 +476,12 @@ def upstream_error(status: int | None, body: str, headers: Mapping[str, str]) ->
     if isinstance(error, dict):
         message = str(error.get("message", message))
         code, kind = str(error.get("code") or ""), str(error.get("type") or "")
+        # TGI labels every in-stream error 422 (``http_status_code``): it says nothing.
         status = status or _int(error.get("code"))
     elif isinstance(error, str):
         message = error
+    elif isinstance(parsed, dict) and isinstance(parsed.get("detail"), str):  # FastAPI: Triton
+        message = parsed["detail"]
     logger.warning("inference tier answered %s: %s", status or "an error", message)
     retry_after = _retry_after(headers.get("retry-after"))
     if code == "context_length_exceeded" or (
@@ -449,6 +490,8 @@ def upstream_error(status: int | None, body: str, headers: Mapping[str, str]) ->
         return ContextLengthExceeded(
             "The prompt and max_tokens do not fit the model's context window."
         )
+    if status in (400, 404) and MODEL_MISSING.search(message):
+        return InferenceError("The inference tier does not serve the configured model.")
     if status == 429:
         return UpstreamRateLimited(
             "The inference tier is rate limiting this service; retry later.",
@@ -463,6 +506,45 @@ def upstream_error(status: int | None, body: str, headers: Mapping[str, str]) ->
     if status is None:
         return InferenceError("The inference tier reported an error mid-answer.")
     return InferenceError(f"The inference tier failed (HTTP {status}).")
+
+
+def ollama_context_window(show: Mapping[str, Any], *, model: str = "") -> int | None:
+    """The prompt window Ollama really serves, from its ``/api/show`` answer: the model's
+    ``num_ctx`` parameter (else the server's default, :data:`OLLAMA_DEFAULT_NUM_CTX`),
+    never more than the model was trained for (``model_info["<arch>.context_length"]``).
+
+    Ollama silently truncates a prompt longer than ``num_ctx`` (it keeps the start and the
+    end and drops the middle, logging only on the server), so a ``num_ctx`` below the
+    model's own context is warned about here: prompts are fitted to it instead."""
+    info = show.get("model_info") or {}
+    arch = info.get("general.architecture")
+    trained = _int_or_none(info.get(f"{arch}.context_length")) if arch else None
+    num_ctx = None
+    for line in str(show.get("parameters") or "").splitlines():
+        name, _, value = line.strip().partition(" ")
+        if name == "num_ctx":
+            num_ctx = _int_or_none(value.strip())
+    window = num_ctx or OLLAMA_DEFAULT_NUM_CTX
+    if trained is not None and window < trained:
+        logger.warning(
+            "Ollama serves %s with num_ctx %d (%s) below the model's context of %d tokens: "
+            "it silently truncates longer prompts, so prompts are fitted to %d; raise num_ctx "
+            "(PARAMETER num_ctx in a Modelfile) to use more",
+            model or "the model",
+            window,
+            "its parameter" if num_ctx else "the server's default",
+            trained,
+            window,
+        )
+    return min(window, trained) if trained is not None else window
+
+
+def _int_or_none(value: object) -> int | None:
+    try:
+        number = int(value)  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        return None
+    return number if number > 0 else None
 
 
 def _int(value: object) -> int | None:

@@ -44,6 +44,9 @@ class Script:
     emit_max_tokens: bool = False
     prompt_tokens: int = 11
     max_model_len: int | None = None
+    api_key: str | None = None
+    """When set, a request without ``Authorization: Bearer <api_key>`` gets 401 (vLLM's
+    ``--api-key``)."""
 
 
 @dataclass
@@ -66,13 +69,23 @@ class FakeUpstream:
             ]
         )
 
+    def _unauthorized(self, request: Request) -> Response | None:
+        expected = self.script.api_key
+        if expected is None or request.headers.get("authorization") == f"Bearer {expected}":
+            return None
+        return JSONResponse({"error": "Unauthorized"}, status_code=401)
+
     async def _models(self, request: Request) -> Response:
+        if (refused := self._unauthorized(request)) is not None:
+            return refused
         model: dict[str, Any] = {"id": "fake", "object": "model"}
         if self.script.max_model_len:
             model["max_model_len"] = self.script.max_model_len
         return JSONResponse({"object": "list", "data": [model]})
 
     async def _chat(self, request: Request) -> Response:
+        if (refused := self._unauthorized(request)) is not None:
+            return refused
         body = await request.json()
         self.requests.append(body)
         script = self.script

@@ -1,4 +1,5 @@
-"""Structural checks of the deployment files: Dockerfile, .dockerignore, docker-compose.yml.
+"""Structural checks of the deployment files: Dockerfile, .dockerignore, docker-compose.yml,
+deploy/nginx.conf and deploy/gpu.env.
 
 No Docker engine runs where the tests run, so these files cannot be built or started
 here. Instead these tests parse them and assert the properties the deployment relies on.
@@ -21,9 +22,12 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILE = REPO_ROOT / "Dockerfile"
 DOCKERIGNORE = REPO_ROOT / ".dockerignore"
 COMPOSE_FILE = REPO_ROOT / "docker-compose.yml"
+NGINX_CONF = REPO_ROOT / "deploy" / "nginx.conf"
+GPU_ENV = REPO_ROOT / "deploy" / "gpu.env"
 
 APP_SERVICES = ("web", "worker", "beat", "migrate", "inference")
-ALL_SERVICES = ("postgres", "redis", *APP_SERVICES, "vllm")
+ALL_SERVICES = ("postgres", "redis", *APP_SERVICES, "vllm", "nginx")
+CPU_INFERENCE_URL = "http://inference:8080/v1"
 APP_IMAGE = "ragtier:latest"
 DATA_VOLUME = ("ragtier-data", "/data")
 EXPECTED_CMD = [
@@ -227,6 +231,7 @@ def test_final_stage_environment(final_stage: dict[str, Any]) -> None:
         "PYTHONUNBUFFERED": "1",
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
+        "DJANGO_ENV": "production",
         "DJANGO_SETTINGS_MODULE": "config.settings.production",
         "RAGTIER_DATA_DIR": "/data",
     }
@@ -453,8 +458,11 @@ def test_app_services_environment(services: dict[str, dict[str, Any]]) -> None:
         "DJANGO_SETTINGS_MODULE": "config.settings.production",
         "REDIS_URL": "redis://redis:6379/0",
         "CELERY_BROKER_URL": "redis://redis:6379/1",
-        "INFERENCE_BASE_URL": "http://inference:8080/v1",
+        "INFERENCE_BASE_URL": "${INFERENCE_BASE_URL:-" + CPU_INFERENCE_URL + "}",
         "RAGTIER_DATA_DIR": "/data",
+        "DJANGO_ENV": "production",
+        "DJANGO_BEHIND_TLS_PROXY": "true",
+        "INFERENCE_API_KEY": "${INFERENCE_API_KEY:?set INFERENCE_API_KEY}",
     }
     for name in APP_SERVICES:
         env = _environment(services[name])
@@ -498,8 +506,10 @@ def test_web_dependencies_and_command(services: dict[str, dict[str, Any]]) -> No
     assert deps.get("postgres") == "service_healthy"
     assert deps.get("redis") == "service_healthy"
     assert deps.get("inference") == "service_healthy"
-    assert _command(web) == EXPECTED_CMD
-    assert [str(p) for p in web.get("ports", [])] == ["8000:8000"]
+    # As the image runs it, plus trust in nginx's X-Forwarded-For (nginx is its only client).
+    assert _command(web) == [*EXPECTED_CMD, "--forwarded-allow-ips", "*"]
+    assert not web.get("ports"), "uvicorn is reached through nginx only"
+    assert [str(p) for p in web.get("expose", [])] == ["8000"]
 
 
 def test_worker_and_beat(services: dict[str, dict[str, Any]]) -> None:
@@ -537,9 +547,9 @@ def test_inference_service(services: dict[str, dict[str, Any]]) -> None:
     test_text = test if isinstance(test, str) else " ".join(test)
     assert f"http://127.0.0.1:{port}/v1/models" in test_text
     assert "urllib" in test_text
-    # The app reaches the inference tier on the port it listens on.
-    base_url = _environment(services["web"])["INFERENCE_BASE_URL"]
-    assert base_url == f"http://inference:{port}/v1"
+    # The app reaches the inference tier on the port it listens on (by default).
+    assert f"http://inference:{port}/v1" == CPU_INFERENCE_URL
+    assert not inference.get("ports")
 
 
 def test_every_healthcheck_has_a_test(services: dict[str, dict[str, Any]]) -> None:
@@ -585,7 +595,11 @@ def test_vllm_is_gpu_only(services: dict[str, dict[str, Any]]) -> None:
     assert cmd[cmd.index("--served-model-name") + 1] == "large"
     assert "--enable-prefix-caching" in cmd
     assert cmd[cmd.index("--max-model-len") + 1] == "8192"
-    assert [str(p) for p in vllm.get("ports", [])] == ["8001:8000"]
+    assert not vllm.get("ports"), "vLLM must not be published"
+    # Its key is the one the app sends, and it cannot start without one.
+    api_key = cmd[cmd.index("--api-key") + 1]
+    assert api_key == _environment(services["web"])["INFERENCE_API_KEY"]
+    assert api_key.startswith("${INFERENCE_API_KEY:?")
     devices = vllm["deploy"]["resources"]["reservations"]["devices"]
     assert any(
         d.get("driver") == "nvidia" and d.get("count") == 1 and "gpu" in d.get("capabilities", [])
@@ -604,3 +618,154 @@ def test_every_named_volume_is_declared(
     assert DATA_VOLUME[0] in used
     undeclared = used - declared
     assert not undeclared, f"named volumes used but not declared: {sorted(undeclared)}"
+
+
+def test_prometheus_multiprocess_dir_is_a_fresh_tmpfs(services: dict[str, dict[str, Any]]) -> None:
+    for name in APP_SERVICES:
+        svc = services[name]
+        folder = _environment(svc).get("PROMETHEUS_MULTIPROC_DIR")
+        assert folder, f"{name}: PROMETHEUS_MULTIPROC_DIR is not set"
+        assert folder in (svc.get("tmpfs") or []), f"{name}: {folder} is not a tmpfs"
+
+
+def test_only_nginx_is_published(services: dict[str, dict[str, Any]]) -> None:
+    published = {name for name, svc in services.items() if svc.get("ports")}
+    assert published == {"nginx"}
+    nginx = services["nginx"]
+    assert str(nginx["image"]).startswith("nginx:")
+    assert sorted(str(p) for p in nginx["ports"]) == ["443:443", "80:80"]
+    assert ("./deploy/nginx.conf", "/etc/nginx/nginx.conf") in _volumes(nginx)
+    certs = [src for src, target in _volumes(nginx) if target == "/etc/nginx/certs"]
+    assert certs and certs[0].startswith("${TLS_CERT_DIR:?"), "certificates are required"
+    assert _depends_on(nginx) == {"web": "service_healthy"}
+
+
+def test_every_service_but_the_one_shot_migration_has_a_healthcheck(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    for name, svc in services.items():
+        healthcheck = svc.get("healthcheck") or {}
+        if name == "migrate":  # a job: others wait for it to exit successfully
+            assert healthcheck.get("disable") is True
+            continue
+        assert healthcheck.get("test"), f"{name} has no healthcheck"
+    test = services["inference"]["healthcheck"]["test"]
+    assert "INFERENCE_API_KEY" in " ".join(test), "the tier's model list needs its key"
+
+
+def test_the_gpu_profile_points_the_app_at_vllm(services: dict[str, dict[str, Any]]) -> None:
+    values = dict(
+        line.split("=", 1)
+        for line in GPU_ENV.read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    )
+    assert values["COMPOSE_PROFILES"] == "gpu"
+    vllm = _command(services["vllm"])
+    assert values["INFERENCE_BASE_URL"] == "http://vllm:8000/v1"
+    assert values["MODEL_SMALL_NAME"] == vllm[vllm.index("--served-model-name") + 1]
+    env = _environment(services["web"])
+    for name in values.keys() - {"COMPOSE_PROFILES"}:
+        assert env.get(name, "").startswith("${" + name), f"the app does not read {name}"
+    assert services["vllm"]["healthcheck"]["test"]
+    web_deps = services["web"]["depends_on"]
+    assert web_deps["vllm"] == {"condition": "service_healthy", "required": False}
+
+
+# ---------------------------------------------------------------------------------------
+# deploy/nginx.conf
+# ---------------------------------------------------------------------------------------
+
+Block = list[tuple[str, list[str], "Block | None"]]
+
+
+def parse_nginx(text: str) -> Block:
+    """nginx's syntax as (directive, arguments, block or None) trees; quotes kept off."""
+    tokens = re.findall(r'"[^"]*"|\'[^\']*\'|[{};]|[^\s{};]+', re.sub(r"#[^\n]*", "", text))
+    position = 0
+
+    def block() -> Block:
+        nonlocal position
+        items: Block = []
+        words: list[str] = []
+        while position < len(tokens):
+            token = tokens[position]
+            position += 1
+            if token == ";":
+                items.append((words[0], words[1:], None))
+                words = []
+            elif token == "{":
+                items.append((words[0], words[1:], block()))
+                words = []
+            elif token == "}":
+                assert not words, f"unterminated directive {words}"
+                return items
+            else:
+                words.append(token.strip("\"'"))
+        assert not words, f"unterminated directive {words}"
+        return items
+
+    return block()
+
+
+def _find(block: Block, name: str, *args: str) -> list[tuple[list[str], Block | None]]:
+    return [(a, b) for d, a, b in block if d == name and a[: len(args)] == list(args)]
+
+
+def _one(block: Block, name: str) -> list[str]:
+    found = _find(block, name)
+    assert len(found) == 1, f"{name}: {len(found)} directives"
+    return found[0][0]
+
+
+def _seconds(value: str) -> int:
+    units = {"s": 1, "m": 60, "h": 3600}
+    return int(value[:-1]) * units[value[-1]] if value[-1] in units else int(value)
+
+
+@pytest.fixture(scope="module")
+def nginx_http() -> Block:
+    top = parse_nginx(NGINX_CONF.read_text())
+    ((_, http),) = _find(top, "http")
+    assert http is not None
+    return http
+
+
+def test_nginx_keeps_connections_alive_to_uvicorn(nginx_http: Block) -> None:
+    ((_, upstream),) = _find(nginx_http, "upstream", "ragtier_web")
+    assert upstream is not None
+    assert _one(upstream, "server") == ["web:8000"]
+    assert int(_one(upstream, "keepalive")[0]) > 0
+
+
+def test_nginx_is_sse_safe_and_forwards_what_the_app_trusts(nginx_http: Block) -> None:
+    servers = [b for _, b in _find(nginx_http, "server") if b is not None]
+    tls = [s for s in servers if any("ssl" in a for a, _ in _find(s, "listen"))]
+    assert len(tls) == 1, "one TLS server"
+    ((_, location),) = _find(tls[0], "location", "/")
+    assert location is not None
+    assert _one(location, "proxy_pass") == ["http://ragtier_web"]
+    assert _one(location, "proxy_http_version") == ["1.1"]
+    assert _one(location, "proxy_buffering") == ["off"]
+    assert _one(location, "gzip") == ["off"]
+    # Longer than the longest answer (INFERENCE_TOTAL_TIMEOUT, 900 s, plus its queue wait).
+    assert _seconds(_one(location, "proxy_read_timeout")[0]) >= 1800
+    headers = {a[0]: a[1] for a, _ in _find(location, "proxy_set_header")}
+    assert headers["Connection"] == "", "keep-alive needs an empty Connection header"
+    assert headers["X-Forwarded-Proto"] == "$scheme"
+    assert headers["X-Forwarded-For"] == "$remote_addr", "never a chain the client began"
+    assert headers["Host"] == "$host"
+
+
+def test_nginx_redirects_plain_http_and_answers_its_healthcheck(
+    nginx_http: Block, services: dict[str, dict[str, Any]]
+) -> None:
+    servers = [b for _, b in _find(nginx_http, "server") if b is not None]
+    plain = [s for s in servers if _find(s, "listen", "80")]
+    assert len(plain) == 1
+    ((_, health),) = _find(plain[0], "location", "=", "/nginx-health")
+    assert health is not None and _one(health, "return")[0] == "200"
+    ((_, rest),) = _find(plain[0], "location", "/")
+    assert rest is not None and _one(rest, "return") == ["301", "https://$host$request_uri"]
+    assert "http://127.0.0.1/nginx-health" in services["nginx"]["healthcheck"]["test"]
+    # Bodies up to the upload limit (25 MiB) reach the app, which answers over-size ones.
+    assert _one(nginx_http, "client_max_body_size") == ["26m"]

@@ -2,9 +2,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.utils import unquote
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import NON_FIELD_ERRORS, PermissionDenied
 from django.db.models import QuerySet
 from django.forms import ModelForm
 from django.http import Http404, HttpRequest
@@ -14,7 +15,9 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
 from apps.accounts.models import ApiKey, Membership, Team
-from apps.accounts.services import api_key_create, api_key_revoke
+from apps.accounts.services import api_key_create, api_key_revoke, api_key_validate
+from apps.core.audit import Actor
+from apps.core.exceptions import ApplicationError
 from apps.usage.pages import team_usage_page, usage_days
 
 
@@ -64,8 +67,22 @@ class TeamAdmin(admin.ModelAdmin):
         return TemplateResponse(request, "admin/accounts/team/usage.html", context)
 
 
+class ApiKeyForm(forms.ModelForm):
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        if self.instance.pk is None and data.get("team") is not None:
+            try:
+                api_key_validate(
+                    team=data["team"], user=data.get("user"), expires_at=data.get("expires_at")
+                )
+            except ApplicationError as exc:
+                raise forms.ValidationError({exc.param or NON_FIELD_ERRORS: exc.message}) from exc
+        return data
+
+
 @admin.register(ApiKey)
 class ApiKeyAdmin(admin.ModelAdmin):
+    form = ApiKeyForm
     list_display = [
         "prefix",
         "name",
@@ -75,8 +92,9 @@ class ApiKeyAdmin(admin.ModelAdmin):
         "created_at",
         "last_used_at",
         "revoked_at",
+        "expires_at",
     ]
-    list_filter = ["team", "revoked_at"]
+    list_filter = ["team", "revoked_at", "expires_at"]
     search_fields = ["prefix", "name", "team__name"]
     readonly_fields = ["prefix", "created_at", "last_used_at"]
     fields = [
@@ -88,6 +106,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
         "created_at",
         "last_used_at",
         "revoked_at",
+        "expires_at",
     ]
     actions = ["revoke"]
 
@@ -102,7 +121,12 @@ class ApiKeyAdmin(admin.ModelAdmin):
             super().save_model(request, obj, form, change)
             return
         issued = api_key_create(
-            team=obj.team, name=obj.name, scopes=obj.scopes or None, user=obj.user
+            team=obj.team,
+            name=obj.name,
+            scopes=obj.scopes or None,
+            user=obj.user,
+            expires_at=obj.expires_at,
+            actor=Actor.of_user(request.user),
         )
         obj.pk, obj.prefix = issued.api_key.pk, issued.api_key.prefix
         messages.warning(
@@ -113,5 +137,5 @@ class ApiKeyAdmin(admin.ModelAdmin):
     @admin.action(description="Revoke selected keys")
     def revoke(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
         for api_key in queryset:
-            api_key_revoke(api_key=api_key)
+            api_key_revoke(api_key=api_key, actor=Actor.of_user(request.user))
         self.message_user(request, f"Revoked {queryset.count()} key(s).")

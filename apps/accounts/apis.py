@@ -23,7 +23,16 @@ class ApiKeyOutput(serializers.ModelSerializer[ApiKey]):
 
     class Meta:
         model = ApiKey
-        fields = ["prefix", "name", "scopes", "user", "created_at", "last_used_at", "revoked_at"]
+        fields = [
+            "prefix",
+            "name",
+            "scopes",
+            "user",
+            "created_at",
+            "last_used_at",
+            "revoked_at",
+            "expires_at",
+        ]
 
     def get_user(self, api_key: ApiKey) -> str | None:
         return api_key.user.get_username() if api_key.user else None
@@ -54,6 +63,15 @@ class ApiKeyListCreateApi(APIView):
         scopes = serializers.ListField(
             child=serializers.ChoiceField(choices=Scope.values), max_length=len(Scope.values)
         )
+        expires_in_days = serializers.IntegerField(
+            required=False,
+            allow_null=True,
+            default=None,
+            min_value=1,
+            max_value=services.MAX_KEY_LIFETIME_DAYS,
+            help_text="the key answers 401 expired_api_key after this many days; "
+            "omitted: never, or when the key making it expires",
+        )
 
     @extend_schema(
         responses={
@@ -63,7 +81,7 @@ class ApiKeyListCreateApi(APIView):
     )
     def get(self, request: Request) -> Response:
         """The team's keys by prefix, newest first, revoked ones included: every key for
-        an owner, a member's own keys for a member."""
+        an owner or admin, a member's own keys for a member."""
         manager = selectors.key_manager_for(caller=get_caller(request))
         paginator = self.pagination_class()
         page = paginator.paginate_queryset(
@@ -82,11 +100,17 @@ class ApiKeyListCreateApi(APIView):
         },
     )
     def post(self, request: Request) -> Response:
-        """Issue a key for the caller's team and user. The response holds the whole key,
-        once: afterwards only its prefix is known."""
+        """Issue a key for the caller's team and user, optionally expiring. The response
+        holds the whole key, once: afterwards only its prefix is known. A key issued with a
+        key never outlives it."""
         data = validated(self.InputSerializer, request)
         manager = selectors.key_manager_for(caller=get_caller(request))
-        issued = services.api_key_issue(manager=manager, name=data["name"], scopes=data["scopes"])
+        issued = services.api_key_issue(
+            manager=manager,
+            name=data["name"],
+            scopes=data["scopes"],
+            expires_in_days=data["expires_in_days"],
+        )
         output = IssuedKeyOutput(issued.api_key, context={"secret": issued.secret})
         return Response(output.data, status=status.HTTP_201_CREATED)
 
@@ -106,5 +130,5 @@ class ApiKeyRevokeApi(APIView):
         """Revoke a key: from now on it answers 401 ``revoked_api_key``."""
         manager = selectors.key_manager_for(caller=get_caller(request))
         api_key = selectors.api_key_get_managed(manager=manager, prefix=prefix)
-        services.api_key_revoke(api_key=api_key)
+        services.api_key_revoke(api_key=api_key, actor=manager.caller.actor)
         return Response(status=status.HTTP_204_NO_CONTENT)

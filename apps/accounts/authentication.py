@@ -5,11 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib.auth.models import AnonymousUser
+from django.utils import timezone
 from rest_framework import authentication, exceptions
 from rest_framework.request import Request
 
 from apps.accounts.models import ApiKey
-from apps.accounts.selectors import api_key_cache
+from apps.accounts.selectors import api_key_cache, api_key_refusal
 from apps.accounts.services import api_key_touch, secret_matches, split_key
 
 
@@ -19,6 +20,8 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
     Steady traffic costs no query: the key comes from ``api_key_cache()`` (a revocation
     made in another process is seen within ``API_KEY_CACHE_SECONDS``), the secret is checked
     against its SHA-256 on every request, and ``last_used_at`` is written once a minute.
+    Expiry is compared with the clock on every request, so it is exact; a deactivated
+    user, or one who left the team, is seen like a revocation (within the cache window).
     """
 
     keyword = "Bearer"
@@ -37,10 +40,10 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
             raise exceptions.AuthenticationFailed(
                 "The API key is not valid.", code="invalid_api_key"
             )
-        if api_key.is_revoked:
-            raise exceptions.AuthenticationFailed(
-                "The API key was revoked.", code="revoked_api_key"
-            )
+        refusal = api_key_refusal(api_key=api_key, now=timezone.now())
+        if refusal is not None:
+            code, message = refusal
+            raise exceptions.AuthenticationFailed(message, code=code)
         api_key_touch(api_key=api_key)
         return (api_key.user or AnonymousUser(), api_key)
 

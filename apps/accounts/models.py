@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from datetime import datetime
+
 from django.conf import settings
 from django.core.validators import MinValueValidator
 from django.db import models
@@ -36,7 +38,10 @@ class Team(models.Model):
 
 class Membership(models.Model):
     class Role(models.TextChoices):
+        """Owners and admins manage every key and limit of the team; members their own keys."""
+
         OWNER = "owner"
+        ADMIN = "admin"
         MEMBER = "member"
 
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="memberships")
@@ -83,6 +88,9 @@ class ApiKey(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
     revoked_at = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField(
+        null=True, blank=True, help_text="from this time the key answers 401; empty: never"
+    )
 
     class Meta:
         verbose_name = "API key"
@@ -94,3 +102,7 @@ class ApiKey(models.Model):
     @property
     def is_revoked(self) -> bool:
         return self.revoked_at is not None
+
+    def is_expired(self, *, now: datetime) -> bool:
+        """Compared with the clock on every request, so a cached key expires exactly."""
+        return self.expires_at is not None and self.expires_at <= now

@@ -8,21 +8,27 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
-from django.db.models import QuerySet
+from django.db.models import Exists, OuterRef, QuerySet
 
 from apps.accounts.models import ApiKey, Membership, Scope, Team
+from apps.core.audit import Actor
 from apps.core.exceptions import NotFound, PermissionDenied
 
 # What each role may put on a key it issues. A key outlives the session that made it and
 # runs unattended, so ``ingest`` (writing the team's shared knowledge and spending its
-# embedding tokens) is the owners' to hand out; a member's own session keeps every scope.
+# embedding tokens) is for owners and admins to hand out; a member's own session keeps
+# every scope.
 ROLE_KEY_SCOPES: dict[str, frozenset[str]] = {
     Membership.Role.OWNER: frozenset(Scope.values),
+    Membership.Role.ADMIN: frozenset(Scope.values),
     Membership.Role.MEMBER: frozenset({Scope.CHAT.value, Scope.READ.value}),
 }
+# Roles that manage every key of the team (and its limits), not only their own keys.
+TEAM_MANAGER_ROLES = frozenset({Membership.Role.OWNER, Membership.Role.ADMIN})
 
 
 @dataclass(frozen=True)
@@ -37,9 +43,43 @@ class Caller:
     def can(self, scope: str) -> bool:
         return scope in self.scopes
 
+    @property
+    def actor(self) -> Actor:
+        """The caller as the audit log names it."""
+        if self.api_key is None:
+            return Actor.of_user(self.user)
+        user = f" of user {self.user.get_username()}" if self.user is not None else ""
+        return Actor(f"key {self.api_key.prefix}{user}", self.user)
+
 
 def api_key_get_by_prefix(*, prefix: str) -> ApiKey | None:
-    return ApiKey.objects.select_related("team", "user").filter(prefix=prefix).first()
+    """The key with its team and user, and ``user_in_team``: whether its user (if any) is
+    still a member of its team, read in the same query so the cached row carries it."""
+    membership = Membership.objects.filter(team=OuterRef("team"), user=OuterRef("user"))
+    return (
+        ApiKey.objects.select_related("team", "user")
+        .annotate(user_in_team=Exists(membership))
+        .filter(prefix=prefix)
+        .first()
+    )
+
+
+def api_key_refusal(*, api_key: ApiKey, now: datetime) -> tuple[str, str] | None:
+    """Why a key with a valid secret may not be used, as (code, message); None: it may.
+
+    Revoked, expired, or bound to a user who was deactivated or left the team (which
+    works as a revocation: the key answers ``revoked_api_key``).
+    """
+    if api_key.is_revoked:
+        return "revoked_api_key", "The API key was revoked."
+    if api_key.is_expired(now=now):
+        return "expired_api_key", "The API key expired."
+    if api_key.user is not None and not (
+        # Loaded without the annotation (not through api_key_get_by_prefix): refuse.
+        api_key.user.is_active and getattr(api_key, "user_in_team", False)
+    ):
+        return "revoked_api_key", "The API key's user was deactivated or left the team."
+    return None
 
 
 class ApiKeyCache:
@@ -145,14 +185,15 @@ class KeyManager:
 
     @property
     def manages_team(self) -> bool:
-        """Owners see and revoke every key of the team; members only their own."""
-        return self.role == Membership.Role.OWNER
+        """Owners and admins see and revoke every key of the team; members only their own."""
+        return self.role in TEAM_MANAGER_ROLES
 
 
 def key_manager_for(*, caller: Caller) -> KeyManager:
     """The caller as a manager of keys. A user acts with their role in the team; a key of
     no user (a team key from the admin or ``createapikey``) as a member whose "own" keys
-    are the team keys of no user. 403 for a user's key whose user has left the team."""
+    are the team keys of no user. 403 for a caller who is no member (a user's key whose
+    user left is already refused at authentication, once its cached row is reloaded)."""
     if caller.user is None:
         role: str | None = Membership.Role.MEMBER
     else:

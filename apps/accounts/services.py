@@ -14,12 +14,15 @@ from django.utils import timezone
 
 from apps.accounts.models import ApiKey, Membership, Scope, Team
 from apps.accounts.selectors import KeyManager, api_key_cache
+from apps.core.audit import SYSTEM, Actor, audit_record
 from apps.core.exceptions import InvalidRequest, PermissionDenied
+from apps.core.models import AuditEvent
 
 KEY_NAMESPACE = "rt"
 PREFIX_BYTES = 6
 SECRET_BYTES = 32
 LAST_USED_RESOLUTION = timedelta(minutes=1)
+MAX_KEY_LIFETIME_DAYS = 3650
 
 
 @dataclass(frozen=True)
@@ -63,12 +66,32 @@ def membership_add(
     return membership
 
 
+def api_key_validate(
+    *, team: Team, user: AbstractBaseUser | None, expires_at: datetime | None
+) -> None:
+    """What a new key must satisfy beyond its scopes (the admin's form checks it too)."""
+    if user is not None and not Membership.objects.filter(team=team, user=user).exists():
+        raise InvalidRequest(
+            f"{user.get_username()!r} is not a member of {team.name!r}: a key acts for a "
+            "member of its team, and stops working when they leave it.",
+            code="invalid_value",
+            param="user",
+        )
+    if expires_at is not None and expires_at <= timezone.now():
+        raise InvalidRequest(
+            "A key's expiry must be in the future.", code="invalid_value", param="expires_at"
+        )
+
+
+@transaction.atomic
 def api_key_create(
     *,
     team: Team,
     name: str = "",
     scopes: list[str] | None = None,
     user: AbstractBaseUser | None = None,
+    expires_at: datetime | None = None,
+    actor: Actor = SYSTEM,
 ) -> IssuedKey:
     scopes = sorted(set(scopes if scopes is not None else Scope.values))
     unknown = set(scopes) - set(Scope.values)
@@ -78,6 +101,7 @@ def api_key_create(
             code="invalid_value",
             param="scopes",
         )
+    api_key_validate(team=team, user=user, expires_at=expires_at)
     prefix = secrets.token_hex(PREFIX_BYTES)
     secret = f"{KEY_NAMESPACE}_{prefix}_{secrets.token_urlsafe(SECRET_BYTES)}"
     api_key = ApiKey.objects.create(
@@ -87,13 +111,43 @@ def api_key_create(
         prefix=prefix,
         secret_hash=hash_secret(secret),
         scopes=scopes,
+        expires_at=expires_at,
+    )
+    audit_record(
+        action=AuditEvent.Action.KEY_CREATED,
+        actor=actor,
+        team=team,
+        target=f"key {prefix}",
+        detail={
+            "scopes": scopes,
+            "user": user.get_username() if user is not None else None,
+            "expires_at": expires_at.isoformat() if expires_at is not None else None,
+        },
     )
     return IssuedKey(api_key=api_key, secret=secret)
 
 
-def api_key_issue(*, manager: KeyManager, name: str, scopes: list[str]) -> IssuedKey:
+def key_expiry(*, days: int | None, cap: datetime | None, now: datetime) -> datetime | None:
+    """``days`` from ``now`` (None: never), but never after ``cap``: a key may not issue a
+    key that outlives it, as it may not grant a scope it lacks."""
+    if days is not None and not 1 <= days <= MAX_KEY_LIFETIME_DAYS:
+        raise InvalidRequest(
+            f"expires_in_days must be 1 to {MAX_KEY_LIFETIME_DAYS}.",
+            code="invalid_value",
+            param="expires_in_days",
+        )
+    expires_at = now + timedelta(days=days) if days is not None else None
+    if cap is not None and (expires_at is None or cap < expires_at):
+        return cap
+    return expires_at
+
+
+def api_key_issue(
+    *, manager: KeyManager, name: str, scopes: list[str], expires_in_days: int | None = None
+) -> IssuedKey:
     """A key for the manager's team and user, carrying only scopes it may grant (its role's,
-    and, when it acts with a key, never one that key lacks)."""
+    and, when it acts with a key, never one that key lacks), and, when it acts with a key
+    that expires, expiring no later than that key."""
     if not scopes:
         raise InvalidRequest("Choose at least one scope.", code="missing_field", param="scopes")
     refused = sorted(set(scopes) & set(Scope.values) - manager.grantable)
@@ -103,16 +157,34 @@ def api_key_issue(*, manager: KeyManager, name: str, scopes: list[str]) -> Issue
             code="scope_missing",
             param="scopes",
         )
+    caller = manager.caller
+    own_key = caller.api_key
+    expires_at = key_expiry(
+        days=expires_in_days,
+        cap=own_key.expires_at if own_key is not None else None,
+        now=timezone.now(),
+    )
     return api_key_create(
-        team=manager.caller.team, name=name, scopes=scopes, user=manager.caller.user
+        team=caller.team,
+        name=name,
+        scopes=scopes,
+        user=caller.user,
+        expires_at=expires_at,
+        actor=caller.actor,
     )
 
 
-def api_key_revoke(*, api_key: ApiKey) -> ApiKey:
+def api_key_revoke(*, api_key: ApiKey, actor: Actor = SYSTEM) -> ApiKey:
     """Revoke the key: at once in this process, in others once their cached copy expires."""
     if api_key.revoked_at is None:
         api_key.revoked_at = timezone.now()
         api_key.save(update_fields=["revoked_at"])
+        audit_record(
+            action=AuditEvent.Action.KEY_REVOKED,
+            actor=actor,
+            team=api_key.team,
+            target=f"key {api_key.prefix}",
+        )
     api_key_cache().forget(prefix=api_key.prefix)
     return api_key
 

@@ -8,7 +8,12 @@ from typing import Any
 
 from django.conf import settings
 from django.http import HttpResponseBase
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    OpenApiResponse,
+    extend_schema,
+    extend_schema_field,
+)
 from rest_framework import serializers, status
 from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
@@ -47,6 +52,27 @@ REPLAY_POLL_SECONDS = 0.2
 ANSWER_EVENTS = ["message", "retrieval", "delta", "reasoning", "usage", "error", "done"]
 
 
+class UsageOutput(serializers.Serializer[Any]):
+    """An answer's usage block (the ``usage`` event's data): ``prompt_tokens`` includes
+    ``cached_tokens``, ``completion_tokens`` includes ``reasoning_tokens``."""
+
+    prompt_tokens = serializers.IntegerField()
+    cached_tokens = serializers.IntegerField()
+    completion_tokens = serializers.IntegerField()
+    reasoning_tokens = serializers.IntegerField()
+    total_tokens = serializers.IntegerField()
+    ttft_ms = serializers.IntegerField(allow_null=True)
+    duration_ms = serializers.IntegerField(allow_null=True)
+    tokens_per_second = serializers.FloatField(allow_null=True)
+    queue_ms = serializers.IntegerField()
+    model = serializers.CharField(allow_blank=True, help_text="the alias that served")
+    source = serializers.CharField(allow_blank=True, help_text="upstream or counted")
+    cache_hit = serializers.BooleanField(
+        help_text="answered by the response cache: the tier was not called and no "
+        "generation token was charged (all token counts 0; ttft_ms is the replay's)"
+    )
+
+
 class MessageOutput(serializers.ModelSerializer[Message]):
     usage = serializers.SerializerMethodField()
 
@@ -64,6 +90,7 @@ class MessageOutput(serializers.ModelSerializer[Message]):
             "created_at",
         ]
 
+    @extend_schema_field(UsageOutput(allow_null=True))
     def get_usage(self, message: Message) -> dict[str, Any] | None:
         if message.role != Message.Role.ASSISTANT:
             return None
@@ -79,6 +106,7 @@ class MessageOutput(serializers.ModelSerializer[Message]):
             "queue_ms": message.queue_ms,
             "model": message.model,
             "source": message.usage_source,
+            "cache_hit": message.cache_hit,
         }
 
 
@@ -160,7 +188,7 @@ class AnswerOutput(serializers.Serializer[services.CollectedAnswer]):
     id = serializers.IntegerField(source="message_id")
     content = serializers.CharField()
     citations = serializers.JSONField()
-    usage = serializers.JSONField()
+    usage = UsageOutput(allow_null=True)
     finish_reason = serializers.CharField()
 
 
@@ -184,6 +212,13 @@ class ConversationMessageCreateApi(AsyncApiView):
         reasoning = serializers.BooleanField(required=False, default=False)
         mode = search_mode_field()
         filters = SearchFiltersInput(required=False)
+        cache = serializers.BooleanField(
+            required=False,
+            default=True,
+            help_text="false: skip the response cache (a first question in a conversation "
+            "is answered from it when the same question, model, max_tokens and search met "
+            "unchanged collections within RESPONSE_CACHE_TTL)",
+        )
 
         def validate_content(self, content: str) -> str:
             # Its length is a question of context length: the model's window decides.
@@ -250,6 +285,7 @@ class ConversationMessageCreateApi(AsyncApiView):
                 search_mode=data["mode"],
                 search_filters=data.get("filters"),
                 want_reasoning=data["reasoning"],
+                cache=data["cache"],
             )
             return await answer_respond(prepared, wire=NativeWire(), stream=stream, claim=claim)
         except BaseException:

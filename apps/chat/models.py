@@ -71,6 +71,7 @@ class Message(models.Model):
         default=0, help_text="time spent waiting for a slot at the inference tier"
     )
     usage_source = models.CharField(max_length=16, blank=True)
+    cache_hit = models.BooleanField(default=False, help_text="answered by the response cache")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -83,6 +83,12 @@ class ChatCompletionsApi(AsyncApiView):
             help_text="keep the exchange as a conversation (default: OPENAI_STORE_DEFAULT, "
             "off); the usage row is written either way",
         )
+        cache = serializers.BooleanField(
+            required=False,
+            default=True,
+            help_text="extension: false skips the response cache (single-turn requests "
+            "are answered from it when unchanged; usage then says cache_hit: true)",
+        )
 
     @extend_schema(
         request=InputSerializer,
@@ -137,6 +143,7 @@ class ChatCompletionsApi(AsyncApiView):
                 m["content"] for m in messages if m["role"] in ("system", "developer")
             ),
             store=data.get("store", settings.OPENAI_STORE_DEFAULT),
+            cache=data["cache"],
         )
         include_usage = (data.get("stream_options") or {}).get("include_usage", False)
         wire = OpenAIWire(include_usage=include_usage)

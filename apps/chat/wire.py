@@ -166,6 +166,7 @@ def _usage(usage: Usage) -> dict[str, Any]:
         "total_tokens": usage.total_tokens,
         "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
         "completion_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
+        "cache_hit": usage.cache_hit,  # extension: answered by the response cache
     }
 
 

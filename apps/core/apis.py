@@ -1,7 +1,10 @@
-"""Liveness, readiness, and Django's error handlers in the API's error shape."""
+"""Liveness, readiness, metrics, and Django's error handlers in the API's error shape.
+
+Readiness and metrics answer only whom ``apps.core.monitoring`` lets in."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from pathlib import Path
@@ -12,7 +15,10 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
+import inference
+from apps.core.aio import db_call
 from apps.core.exceptions import error_body
+from apps.core.monitoring import monitoring_endpoint
 
 logger = logging.getLogger(__name__)
 
@@ -24,11 +30,20 @@ def healthz(request: HttpRequest) -> JsonResponse:
 
 
 @require_GET
-def readyz(request: HttpRequest) -> JsonResponse:
-    """Readiness: database, index directory and broker (when one is configured)."""
-    checks = {"database": _check_database(), "index_dir": _check_index_dir()}
+@monitoring_endpoint
+async def readyz(request: HttpRequest) -> JsonResponse:
+    """Readiness: database, index directory, broker (when one is configured) and the
+    inference tier, checked concurrently."""
+    names = ["database", "index_dir", "inference"]
+    probes = [
+        db_call(_check_database)(),
+        asyncio.to_thread(_check_index_dir),
+        _check_inference(),
+    ]
     if not settings.CELERY_TASK_ALWAYS_EAGER:
-        checks["broker"] = _check_broker()
+        names.append("broker")
+        probes.append(asyncio.to_thread(_check_broker))
+    checks = dict(zip(names, await asyncio.gather(*probes), strict=True))
     ready = all(value == "ok" for value in checks.values())
     return JsonResponse(
         {"status": "ok" if ready else "unavailable", "checks": checks}, status=200 if ready else 503
@@ -41,6 +56,19 @@ def _check_database() -> str:
             cursor.execute("SELECT 1")
     except Exception as exc:
         logger.warning("readiness: database: %s", exc)
+        return f"error: {type(exc).__name__}"
+    return "ok"
+
+
+async def _check_inference() -> str:
+    """The tier answers its model list (with the app's API key) within the timeout."""
+    from apps.chat.services.models import inference_client
+
+    try:
+        async with asyncio.timeout(settings.READINESS_INFERENCE_TIMEOUT):
+            await inference_client().models()
+    except (TimeoutError, inference.InferenceError) as exc:
+        logger.warning("readiness: inference tier: %s", type(exc).__name__)
         return f"error: {type(exc).__name__}"
     return "ok"
 
@@ -67,6 +95,7 @@ def _check_broker() -> str:
 
 
 @require_GET
+@monitoring_endpoint
 def metrics(request: HttpRequest) -> HttpResponse:
     """Prometheus text exposition, aggregated over the worker processes."""
     from apps.usage.metrics import metrics_exposition

@@ -112,8 +112,17 @@ def idempotency_claim(
     )
 
 
+def idempotency_stale_after() -> timedelta:
+    """How long a first request may stay ``running`` before it is taken to have died with
+    its process (so that its key does not block retries for the rest of its 24 h):
+    ``IDEMPOTENCY_STALE_SECONDS``, but never less than the longest an answer may live
+    (its queue wait plus its total timeout), so a slow answer is never taken for dead."""
+    longest_answer = settings.INFERENCE_QUEUE_TIMEOUT + settings.INFERENCE_TIMEOUTS["total"]
+    return timedelta(seconds=max(settings.IDEMPOTENCY_STALE_SECONDS, longest_answer))
+
+
 def _stale(claim: IdempotencyKey, now: datetime) -> bool:
-    running_since = now - timedelta(seconds=settings.IDEMPOTENCY_STALE_SECONDS)
+    running_since = now - idempotency_stale_after()
     return claim.status == IdempotencyKey.Status.RUNNING and claim.created_at <= running_since
 
 
@@ -138,7 +147,7 @@ def idempotency_release(*, claim: IdempotencyKey) -> None:
 def idempotency_keys_purge_expired(*, now: datetime | None = None) -> int:
     """Delete keys past their time (and first requests that never finished)."""
     now = now or timezone.now()
-    stale = now - timedelta(seconds=settings.IDEMPOTENCY_STALE_SECONDS)
+    stale = now - idempotency_stale_after()
     expired = Q(expires_at__lte=now) | Q(
         status=IdempotencyKey.Status.RUNNING, created_at__lte=stale
     )

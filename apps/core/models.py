@@ -1,8 +1,10 @@
 from __future__ import annotations
 
+from django.conf import settings
 from django.db import models
 
 from apps.accounts.models import Team
+from apps.core.fields import EncryptedTextField
 
 
 class IdempotencyKey(models.Model):
@@ -37,3 +39,68 @@ class IdempotencyKey(models.Model):
 
     def __str__(self) -> str:
         return f"{self.team_id}:{self.key} ({self.status})"
+
+
+class AuditEvent(models.Model):
+    """Who did what to which object of which team, and when: a record for security review.
+
+    Rows are written once by ``apps.core.audit.audit_record`` and never changed (the admin
+    may only read them). Names are copied in (``actor``, ``team_name``, ``target``) so a
+    row still says who and what after the user, key or team is deleted. No prompt or answer
+    content is ever recorded.
+    """
+
+    class Action(models.TextChoices):
+        KEY_CREATED = "api_key.created"
+        KEY_REVOKED = "api_key.revoked"
+        LIMIT_CREATED = "limit.created"
+        LIMIT_CHANGED = "limit.changed"
+        LIMIT_DELETED = "limit.deleted"
+        PURGE = "conversations.purged"
+        ADMIN_LOGIN = "admin.login"
+
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    action = models.CharField(max_length=32, choices=Action.choices)
+    actor = models.CharField(max_length=200, help_text="who: a user, a key, or a job")
+    actor_user = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+    )
+    team = models.ForeignKey(
+        Team, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    team_name = models.CharField(max_length=100, blank=True)
+    target = models.CharField(max_length=200, blank=True, help_text="what it was done to")
+    detail = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-pk"]
+
+    def __str__(self) -> str:
+        return f"{self.created_at:%Y-%m-%d %H:%M:%S} {self.action} by {self.actor}"
+
+
+class ResponseCacheEntry(models.Model):
+    """One cached answer (:mod:`apps.core.response_cache`), when Redis is not configured.
+
+    ``key`` is a digest of everything the answer depends on; ``payload`` (the answer's
+    events) is encrypted at rest. A row past ``expires_at`` is never read, and is purged
+    with the team's data (retention, deletes).
+    """
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="+")
+    key = models.CharField(max_length=64)
+    payload = EncryptedTextField()
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    expires_at = models.DateTimeField(db_index=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["team", "key"], name="response_cache_unique_team_key")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.team_id}:{self.key[:12]}"

@@ -1,7 +1,15 @@
+from __future__ import annotations
+
+from typing import Any
+
 from django.contrib import admin
+from django.db.models import QuerySet
+from django.forms import ModelForm
 from django.http import HttpRequest
 
+from apps.core.audit import Actor
 from apps.usage.models import Limit, UsageRecord
+from apps.usage.services import limit_delete, limit_save
 
 
 @admin.register(UsageRecord)
@@ -40,3 +48,16 @@ class LimitAdmin(admin.ModelAdmin):
     ]
     list_filter = ["team"]
     autocomplete_fields = ["api_key"]
+
+    # Every change goes through the services, so that it lands in the audit log.
+    def save_model(
+        self, request: HttpRequest, obj: Limit, form: ModelForm[Any], change: bool
+    ) -> None:
+        limit_save(limit=obj, actor=Actor.of_user(request.user))
+
+    def delete_model(self, request: HttpRequest, obj: Limit) -> None:
+        limit_delete(limit=obj, actor=Actor.of_user(request.user))
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Limit]) -> None:
+        for limit in queryset.select_related("team", "api_key"):
+            limit_delete(limit=limit, actor=Actor.of_user(request.user))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from datetime import timedelta
 from typing import Any
 
@@ -14,8 +15,12 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from apps.accounts import selectors as accounts
 from apps.accounts.permissions import get_caller
-from apps.usage.selectors import GROUPS, quota_report, usage_report
+from apps.core.validation import validated
+from apps.usage.selectors import GROUPS, key_limit_values, quota_report, usage_report
+from apps.usage.services import key_limits_set
+from apps.usage.values import LimitValues
 
 
 class UsageApi(APIView):
@@ -81,3 +86,42 @@ class QuotaApi(APIView):
         refill rate and tokens available now; each period quota's use and reset time."""
         caller = get_caller(request)
         return Response(quota_report(team=caller.team, api_key=caller.api_key))
+
+
+class KeyLimitsApi(APIView):
+    """One key's token limits: read by whoever manages the key, set by owners and admins."""
+
+    required_scopes = {"GET": "read"}
+
+    class LimitsSerializer(serializers.Serializer[dict[str, Any]]):
+        burst_tokens = serializers.IntegerField(min_value=0, allow_null=True, default=None)
+        tokens_per_minute = serializers.IntegerField(min_value=0, allow_null=True, default=None)
+        daily_tokens = serializers.IntegerField(min_value=0, allow_null=True, default=None)
+        monthly_tokens = serializers.IntegerField(min_value=0, allow_null=True, default=None)
+        max_concurrent_streams = serializers.IntegerField(
+            min_value=0, allow_null=True, default=None
+        )
+        max_tokens = serializers.IntegerField(min_value=0, allow_null=True, default=None)
+
+    @extend_schema(responses={200: LimitsSerializer})
+    def get(self, request: Request, prefix: str) -> Response:
+        """The key's own limits (null: unlimited); the team's apply on top of them."""
+        manager = accounts.key_manager_for(caller=get_caller(request))
+        api_key = accounts.api_key_get_managed(manager=manager, prefix=prefix)
+        return Response(asdict(key_limit_values(api_key=api_key)))
+
+    @extend_schema(
+        request=LimitsSerializer,
+        responses={
+            200: LimitsSerializer,
+            403: OpenApiResponse(description="role_forbidden: only owners and admins"),
+        },
+    )
+    def put(self, request: Request, prefix: str) -> Response:
+        """Replace the key's limits; a field left out or null is unlimited. Recorded in the
+        audit log with the values before and after."""
+        data = validated(self.LimitsSerializer, request)
+        manager = accounts.key_manager_for(caller=get_caller(request))
+        api_key = accounts.api_key_get_managed(manager=manager, prefix=prefix)
+        key_limits_set(manager=manager, api_key=api_key, values=LimitValues(**data))
+        return Response(asdict(key_limit_values(api_key=api_key)))

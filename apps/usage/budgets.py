@@ -53,6 +53,7 @@ from django.utils import timezone
 
 from apps.accounts.models import ApiKey, Team
 from apps.core.exceptions import ApplicationError, InvalidRequest
+from apps.core.group_commit import budget_writer
 from apps.core.ids import key_take
 from apps.usage import metrics
 from apps.usage.limiters import (
@@ -265,8 +266,33 @@ def _reserve(
     store: Limiter,
     now: datetime,
 ) -> Reservation:
-    """The database store: one transaction, the row inserted last (a refusal writes
-    nothing)."""
+    """The database store: one transaction (through the one writer), the row inserted
+    last (a refusal writes nothing)."""
+    reservation = budget_writer.run(
+        _reserve_write,
+        team=team,
+        api_key=api_key,
+        kind=kind,
+        tokens=tokens,
+        held=held,
+        store=store,
+        now=now,
+    )
+    _hold(reservation, held)  # settling it here needs no read of its limits
+    metrics.RESERVATIONS.labels(kind).inc()
+    return reservation
+
+
+def _reserve_write(
+    *,
+    team: Team,
+    api_key: ApiKey | None,
+    kind: str,
+    tokens: int,
+    held: _Hold,
+    store: Limiter,
+    now: datetime,
+) -> Reservation:
     token = uuid.uuid4()
     with transaction.atomic():
         counters = [_charge(quota, tokens, now) for quota in held.quotas]
@@ -288,8 +314,6 @@ def _reserve(
             created_at=now,
             expires_at=now + timedelta(seconds=settings.RESERVATION_TTL_SECONDS),
         )
-    _hold(reservation, held)  # settling it here needs no read of its limits
-    metrics.RESERVATIONS.labels(kind).inc()
     return reservation
 
 
@@ -630,11 +654,15 @@ def budget_settle(*, reservation: Reservation, actual: int, now: datetime | None
     """Replace the reservation with ``actual`` tokens: refund (or charge) the difference.
 
     Exactly once: a settled reservation is left alone. Call inside the transaction that
-    writes the usage row. A Redis reservation whose row is not written yet is written
-    here first; its Redis refund runs in the same transaction (marked pending if Redis is
-    down, for the periodic job to retry).
+    writes the usage row; outside one, it commits with the settlements of other threads
+    (:data:`apps.core.group_commit.budget_writer`). A Redis reservation whose row is not
+    written yet is written here first; its Redis refund runs in the same transaction
+    (marked pending if Redis is down, for the periodic job to retry).
     """
-    now = now or timezone.now()
+    budget_writer.run(_settle, reservation, actual, now or timezone.now())
+
+
+def _settle(reservation: Reservation, actual: int, now: datetime) -> None:
     held = _holds.get(reservation.token)
     remote = reservation.store != Reservation.Store.DATABASE
     with transaction.atomic():

@@ -90,6 +90,9 @@ QUEUE_WAIT = Histogram(
 QUEUE_FULL = Counter(
     "ragtier_queue_full", "Requests refused with 503 queue_full: no slot within the wait limit."
 )
+RESPONSE_CACHE = Counter(
+    "ragtier_response_cache", "Response cache lookups, by result (hit, miss).", ["result"]
+)
 
 
 class ReservationsCollector:

@@ -47,6 +47,9 @@ class UsageRecord(models.Model):
     queue_ms = models.PositiveIntegerField(
         default=0, help_text="time spent waiting for a slot at the inference tier"
     )
+    cache_hit = models.BooleanField(
+        default=False, help_text="answered by the response cache: no generation charged"
+    )
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.OK)
     error_code = models.CharField(max_length=64, blank=True)
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)

@@ -14,7 +14,8 @@ from django.utils import timezone
 from apps.accounts.models import ApiKey, Team
 from apps.usage.budgets import limits_of, period_bounds, quota_used
 from apps.usage.limiters import LimiterUnavailable, QuotaKey, buckets_and_slots, limiter
-from apps.usage.models import QuotaCounter, Reservation, UsageRecord
+from apps.usage.models import Limit, QuotaCounter, Reservation, UsageRecord
+from apps.usage.values import LimitValues
 
 GROUPS = {
     "day": "day",
@@ -161,3 +162,9 @@ def usage_daily_by_kind(*, team: Team, start: date, end: date) -> list[dict[str,
         }
         for day in days
     ]
+
+
+def key_limit_values(*, api_key: ApiKey) -> LimitValues:
+    """The key's own limits (all None when it has none); the team's apply on top."""
+    limit = Limit.objects.filter(api_key=api_key).first()
+    return LimitValues.of(limit) if limit is not None else LimitValues()

@@ -1,16 +1,22 @@
-"""Writes to the token ledger."""
+"""Writes to the token ledger, and to the limits (recorded in the audit log)."""
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from decimal import Decimal
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
+from django.db import transaction
 
 from apps.accounts.models import ApiKey, Team
+from apps.accounts.selectors import KeyManager
+from apps.core.audit import Actor, audit_record
+from apps.core.exceptions import PermissionDenied
+from apps.core.models import AuditEvent
 from apps.usage import metrics
-from apps.usage.models import UsageRecord
-from apps.usage.values import Usage
+from apps.usage.models import Limit, UsageRecord
+from apps.usage.values import LimitValues, Usage
 
 
 def cost_of(*, model: str, prompt: int, cached: int, completion: int) -> Decimal:
@@ -88,3 +94,63 @@ def usage_record_chat(
         status=status,
         error_code=error_code,
     )
+
+
+def _limit_values(limit: Limit) -> dict[str, int | None]:
+    return asdict(LimitValues.of(limit))
+
+
+def _limit_target(limit: Limit) -> str:
+    return f"key {limit.api_key.prefix}" if limit.api_key else f"team {limit.team.name}"
+
+
+@transaction.atomic
+def limit_save(*, limit: Limit, actor: Actor) -> Limit:
+    """Save a team's or key's limits as set on ``limit``, recording the change with the
+    values before and after (the admin and ``setlimits`` both save through here)."""
+    created = limit.pk is None
+    before = {} if created else _limit_values(Limit.objects.get(pk=limit.pk))
+    limit.save()
+    after = _limit_values(limit)
+    action = AuditEvent.Action.LIMIT_CREATED if created else AuditEvent.Action.LIMIT_CHANGED
+    if created or before != after:
+        audit_record(
+            action=action,
+            actor=actor,
+            team=limit.team,
+            target=_limit_target(limit),
+            detail={"before": before, "after": after},
+        )
+    return limit
+
+
+@transaction.atomic
+def limit_delete(*, limit: Limit, actor: Actor) -> None:
+    """Remove a team's or key's limits (unlimited from now on), recording what they were."""
+    audit_record(
+        action=AuditEvent.Action.LIMIT_DELETED,
+        actor=actor,
+        team=limit.team,
+        target=_limit_target(limit),
+        detail={"before": _limit_values(limit)},
+    )
+    limit.delete()
+
+
+def key_limits_set(*, manager: KeyManager, api_key: ApiKey, values: LimitValues) -> Limit:
+    """Replace the limits of one of the team's keys (each one left out: unlimited).
+
+    Team owners and admins only. A key's limits apply on top of the team's, so they can
+    only narrow what the team may spend; the team's own limits stay with staff (the admin,
+    ``setlimits``).
+    """
+    if not manager.manages_team:
+        raise PermissionDenied(
+            "Only the team's owners and admins set key limits.", code="role_forbidden"
+        )
+    limit = Limit.objects.filter(api_key=api_key).first() or Limit(
+        team=api_key.team, api_key=api_key
+    )
+    for name, value in asdict(values).items():
+        setattr(limit, name, value)
+    return limit_save(limit=limit, actor=manager.caller.actor)

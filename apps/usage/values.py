@@ -1,8 +1,8 @@
-"""The usage block of one generation, as a value."""
+"""The usage block of one generation, and a team's or key's limits, as values."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal
 
 UsageSource = Literal["upstream", "counted"]
@@ -46,4 +46,22 @@ USAGE_COLUMNS = (
     "duration_ms",
     "tokens_per_second",
     "queue_ms",
+    "cache_hit",
 )
+
+
+@dataclass(frozen=True, kw_only=True)
+class LimitValues:
+    """The limits of a team or key, as ``Limit`` stores them; None: unlimited."""
+
+    burst_tokens: int | None = None
+    tokens_per_minute: int | None = None
+    daily_tokens: int | None = None
+    monthly_tokens: int | None = None
+    max_concurrent_streams: int | None = None
+    max_tokens: int | None = None
+
+    @classmethod
+    def of(cls, limit: object) -> LimitValues:
+        """The values of a ``Limit`` row (or anything with its fields)."""
+        return cls(**{field.name: getattr(limit, field.name) for field in fields(cls)})

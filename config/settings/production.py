@@ -45,7 +45,23 @@ if _invalid:
 
 DEBUG = False
 SECRET_KEY = env.str("DJANGO_SECRET_KEY")
-SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+# Closed unless METRICS_TOKEN or METRICS_ALLOWED_NETWORKS opens them (config.settings.monitoring).
+METRICS_OPEN_BY_DEFAULT = False
+
+# HTTPS only. A TLS-terminating proxy in front (deploy/nginx.conf) says so with
+# DJANGO_BEHIND_TLS_PROXY: only then is its X-Forwarded-Proto believed, since a client
+# reaching the app directly could send that header itself.
+if env.bool("DJANGO_BEHIND_TLS_PROXY", default=False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+SECURE_SSL_REDIRECT = env.bool("DJANGO_SECURE_SSL_REDIRECT", default=True)
+# Probes inside the network speak plain HTTP to the app itself.
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", r"^metrics$"]
+SECURE_HSTS_SECONDS = env.int("DJANGO_SECURE_HSTS_SECONDS", default=365 * 24 * 3600)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env.bool("DJANGO_SECURE_HSTS_INCLUDE_SUBDOMAINS", default=True)
+SECURE_HSTS_PRELOAD = env.bool("DJANGO_SECURE_HSTS_PRELOAD", default=True)
+if not SECURE_HSTS_PRELOAD:
+    # Turned off on purpose (preload is hard to undo): not a warning then.
+    SILENCED_SYSTEM_CHECKS = [*SILENCED_SYSTEM_CHECKS, "security.W021"]
 SESSION_COOKIE_SECURE = env.bool("DJANGO_SECURE_COOKIES", default=True)
 CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
 SECURE_CONTENT_TYPE_NOSNIFF = True

@@ -22,6 +22,10 @@ CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {}
 # The fake tier serves any number of streams at once; queue tests set their own limit.
 INFERENCE_MAX_CONCURRENCY = env.int("INFERENCE_MAX_CONCURRENCY", default=64)
 
+# Off unless a test turns it on: many tests ask one question twice and expect the tier to
+# answer both times (tests/apps/chat/test_response_cache.py turns it on).
+RESPONSE_CACHE_TTL = env.int("RESPONSE_CACHE_TTL", default=0)
+
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 # One fixed key for the whole suite, so that the worker and server processes a test starts

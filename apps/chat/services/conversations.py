@@ -7,6 +7,7 @@ from django.db import transaction
 from apps.accounts.selectors import Caller
 from apps.chat.events import event_buffers_delete
 from apps.chat.models import Conversation, Message
+from apps.core.response_cache import response_cache_purge
 from apps.knowledge.selectors import collection_list_readable
 
 
@@ -31,11 +32,14 @@ def conversation_create(
 
 
 def conversation_delete(*, conversation: Conversation) -> None:
-    """The conversation, its messages and their events, in the database and in Redis."""
+    """The conversation, its messages and their events, in the database and in Redis, and
+    the team's cached answers (one of them may be this conversation's)."""
+    team_id = conversation.team_id
     with transaction.atomic():
         message_ids = list(conversation.messages.values_list("pk", flat=True))
         conversation.delete()
         transaction.on_commit(lambda: event_buffers_delete(message_ids=message_ids))
+        transaction.on_commit(lambda: response_cache_purge(team_id=team_id))
 
 
 def message_cancel(*, message: Message) -> Message:

@@ -75,21 +75,19 @@ _windows: dict[tuple[str, str], int] = {}
 
 
 async def tier_context_window(served_name: str) -> int:
-    """The context window the tier reports for ``served_name`` (vLLM's ``max_model_len``)."""
+    """The context window the tier reports for ``served_name`` (vLLM's ``max_model_len``,
+    Ollama's ``num_ctx``: see :meth:`inference.OpenAIClient.context_window`)."""
     key = (settings.INFERENCE_BASE_URL, served_name)
     if key not in _windows:
         try:
-            models = await inference_client().models()
+            window = await inference_client().context_window(served_name)
         except InferenceError as exc:
             raise UpstreamError(f"cannot read the context window from the tier: {exc}") from exc
-        for model in models:
-            if model.get("id") == served_name and model.get("max_model_len"):
-                _windows[key] = int(model["max_model_len"])
-                break
-        else:
+        if window is None:
             raise UpstreamError(
                 f"the tier reports no max_model_len for {served_name!r}; set its context window"
             )
+        _windows[key] = window
     return _windows[key]
 
 

@@ -17,6 +17,7 @@ from django.conf import settings
 from apps.accounts.selectors import Caller
 from apps.chat.models import Conversation, Message
 from apps.chat.selectors import conversation_get
+from apps.chat.services.cache import response_cache_key
 from apps.chat.services.models import ModelSpec, output_tokens_resolve, tokenizer
 from apps.knowledge.services import (
     DEFAULT_SEARCH_MODE,
@@ -63,6 +64,9 @@ class PreparedAnswer:
     extra: dict[str, Any] = field(default_factory=dict)
     store: bool = True
     """False: no conversation, message or event is written; the usage row still is."""
+    cache_key: str | None = None
+    """The response cache's key for this answer; None: not cached (a conversation with
+    history, ``cache: false``, the cache off)."""
 
     @property
     def request(self) -> ChatRequest:
@@ -101,6 +105,7 @@ def answer_prepare(
     history: list[ChatMessage] | None = None,
     instructions: str = "",
     store: bool = True,
+    cache: bool = True,
 ) -> PreparedAnswer:
     """Admit, retrieve and assemble. Raises before any byte; holds a reservation after.
 
@@ -109,7 +114,8 @@ def answer_prepare(
     (the OpenAI-compatible surface sends its own); ``instructions`` (a client's system
     message) follow the system prompt. ``search_mode`` and ``search_filters`` are those of
     :func:`apps.knowledge.services.chunk_search`. ``store`` False (a new conversation only)
-    keeps nothing of the exchange but its usage row.
+    keeps nothing of the exchange but its usage row. ``cache`` False skips the response
+    cache; it applies only to single-turn questions (no history).
     """
     if isinstance(conversation, int):
         conversation = conversation_get(team=caller.team, conversation_id=conversation)
@@ -157,11 +163,24 @@ def answer_prepare(
         else None
     )
     try:
+        collections = collection_ids
+        if collections is None and conversation is not None:
+            collections = conversation.collection_ids
+        cache_key = None
+        if cache and not history and settings.RESPONSE_CACHE_TTL > 0:
+            cache_key = response_cache_key(
+                team=caller.team,
+                question=content,
+                alias=spec.alias,
+                max_tokens=output_tokens,
+                collection_ids=(collections or None) if rag else [],
+                search={"mode": search_mode, "filters": search_filters, "top_k": top_k},
+                sampling={},  # none is taken from callers yet: the tier's defaults
+                instructions=instructions,
+                reasoning=want_reasoning,
+            )
         results: list[SearchResult] = []
         if rag:
-            collections = collection_ids
-            if collections is None and conversation is not None:
-                collections = conversation.collection_ids
             results = chunk_search(
                 caller=caller,
                 query=content,
@@ -195,6 +214,7 @@ def answer_prepare(
         reservation=reservation,
         want_reasoning=want_reasoning,
         store=store or conversation is not None,
+        cache_key=cache_key,
     )
 
 

@@ -29,6 +29,7 @@ from redis.exceptions import RedisError
 
 from apps.chat.events import event_store
 from apps.chat.models import Conversation, Message
+from apps.chat.services.cache import CachedAnswer, cached_answer_get, cached_answer_put
 from apps.chat.services.conversations import conversation_create
 from apps.chat.services.models import Slot, inference_client, slot_acquire, tokenizer
 from apps.chat.services.prepare import PreparedAnswer
@@ -49,13 +50,14 @@ from apps.core.exceptions import (
     as_application_error,
     mid_stream_error,
 )
+from apps.core.group_commit import budget_writer
 from apps.core.ids import key_next
 from apps.usage import metrics
 from apps.usage.budgets import budget_settle, reservation_record
 from apps.usage.models import UsageRecord
 from apps.usage.services import usage_record_chat
 from apps.usage.values import Usage
-from inference import Finished, InferenceError, ReasoningDelta, TextDelta, UpstreamUsage
+from inference import Event, Finished, InferenceError, ReasoningDelta, TextDelta, UpstreamUsage
 
 logger = logging.getLogger(__name__)
 
@@ -73,20 +75,38 @@ async def answer_start(prepared: PreparedAnswer) -> AnswerRun:
     """A slot at the tier for this answer, or 503 ``queue_full``; either way before any
     byte. A request refused (or abandoned) while queued never reaches the tier and its
     reservation is released: nothing is billed. Once the slot is held, the request to the
-    tier leaves at once, while the response is still being started."""
+    tier leaves at once, while the response is still being started.
+
+    An answer the response cache holds takes no slot: its stored events are replayed."""
     try:
+        cached = None
+        if prepared.cache_key is not None:
+            cached = await cached_answer_get(team=prepared.caller.team, key=prepared.cache_key)
         keys = await _Keys.take(prepared)
-        lease = await slot_acquire(team=prepared.caller.team)
+        if cached is not None:
+            lease: Slot | _Unqueued = _Unqueued()
+            prepared = replace(prepared, citations=cached.citations)
+        else:
+            lease = await slot_acquire(team=prepared.caller.team)
     except BaseException:
         if prepared.reservation is not None:
             release = db_call(budget_settle)(reservation=prepared.reservation, actual=0)
             await asyncio.shield(release)
         raise
-    run = AnswerRun(prepared, lease=lease, keys=keys)
+    run = AnswerRun(prepared, lease=lease, keys=keys, cached=cached)
     request = asyncio.current_task()
     if request is not None:
         request.add_done_callback(run.request_ended)
     return run
+
+
+class _Unqueued:
+    """The place of an answer replayed from the response cache: no slot at the tier."""
+
+    waited = 0.0
+
+    async def release(self) -> None:
+        pass
 
 
 @dataclass(frozen=True)
@@ -120,8 +140,17 @@ class _Generation:
 class AnswerRun:
     """One generation's state, settled exactly once however it ends (see the module)."""
 
-    def __init__(self, prepared: PreparedAnswer, *, lease: Slot, keys: _Keys) -> None:
+    def __init__(
+        self,
+        prepared: PreparedAnswer,
+        *,
+        lease: Slot | _Unqueued,
+        keys: _Keys,
+        cached: CachedAnswer | None = None,
+    ) -> None:
         self.prepared = prepared
+        self.cached = cached
+        """The response cache's answer, replayed instead of calling the tier."""
         self.lease = lease
         self.message_id = keys.message_id
         self.conversation_id = keys.conversation_id
@@ -133,7 +162,11 @@ class AnswerRun:
         self.journal = _Journal(keep=prepared.store)
         self.entered = False
         self._cancelled: asyncio.Event | None = None
-        self.upstream = _Prefetched(inference_client().stream_chat(prepared.request))
+        self.upstream = _Prefetched(
+            _replayed(cached)
+            if cached is not None
+            else inference_client().stream_chat(prepared.request)
+        )
 
     def request_ended(self, request: asyncio.Task[Any]) -> None:
         """The request's task is over. If its response never began (the client left
@@ -180,7 +213,12 @@ class AnswerRun:
         once only (a second call returns the first usage). If the database fails, the
         write is retried in the background: the stream still ends with its usage."""
         if self.usage is None:
-            self.usage = usage_of(self.prepared, self.generation, queued=self.lease.waited)
+            self.usage = usage_of(
+                self.prepared,
+                self.generation,
+                queued=self.lease.waited,
+                cache_hit=self.cached is not None,
+            )
             if self.rows is not None:
                 await asyncio.wait({self.rows})
             _observe(self.usage, self.status, self.error)
@@ -189,11 +227,31 @@ class AnswerRun:
             except DatabaseError as exc:
                 logger.warning("message %s: not settled yet: %r", self.message_id, exc)
                 _in_background(self._save_later())
+            await self._cache()
         return self.usage
+
+    async def _cache(self) -> None:
+        """A complete answer to a cacheable question, kept for the next one to replay."""
+        prepared, generation = self.prepared, self.generation
+        if (
+            prepared.cache_key is None
+            or self.cached is not None
+            or self.status != Message.Status.COMPLETE
+            or self.error is not None
+            or not generation.text
+        ):
+            return
+        answer = CachedAnswer(
+            citations=prepared.citations,
+            text=generation.text,
+            reasoning=generation.reasoning,
+            finish_reason=generation.finish_reason or "stop",
+        )
+        await cached_answer_put(team=prepared.caller.team, key=prepared.cache_key, answer=answer)
 
     async def _save(self) -> None:
         written = self.rows is not None and self._rows_ok()
-        await db_call(_save)(self, rows_written=written)
+        await db_call(budget_writer.run)(_save, self, rows_written=written)
         self.journal.message_id = self.message_id
 
     async def _save_later(self) -> None:
@@ -323,7 +381,7 @@ def _tick(run: AnswerRun, now: float) -> None:
     generation = run.generation
     if generation.first_token is None:
         generation.first_token = now
-    elif generation.last_token is not None:
+    elif generation.last_token is not None and run.cached is None:
         metrics.INTER_TOKEN.labels(run.prepared.spec.alias).observe(now - generation.last_token)
     generation.last_token = now
 
@@ -358,12 +416,27 @@ class _Prefetched(AsyncIterator[T]):
             await closer()
 
 
-def usage_of(prepared: PreparedAnswer, generation: _Generation, *, queued: float) -> Usage:
-    """The usage block: the tier's own when it sent one, else the exact local count."""
+async def _replayed(cached: CachedAnswer) -> AsyncIterator[Event]:
+    """A cached answer as the tier's events: its reasoning, its deltas, how it finished."""
+    for text in cached.reasoning:
+        yield ReasoningDelta(text)
+    for text in cached.text:
+        yield TextDelta(text)
+    yield Finished(cached.finish_reason)
+
+
+def usage_of(
+    prepared: PreparedAnswer, generation: _Generation, *, queued: float, cache_hit: bool = False
+) -> Usage:
+    """The usage block: the tier's own when it sent one, else the exact local count; for
+    a cache hit, no token (nothing was generated: only the query's embedding, charged by
+    the search, was spent)."""
     count = tokenizer().count
     reasoning_text = "".join(generation.reasoning)
     upstream = generation.upstream
-    if upstream is not None:
+    if cache_hit:
+        prompt_tokens = cached_tokens = completion_tokens = reasoning_tokens = 0
+    elif upstream is not None:
         prompt_tokens, completion_tokens = upstream.prompt_tokens, upstream.completion_tokens
         cached_tokens = upstream.cached_tokens
         if upstream.reasoning_tokens is not None:
@@ -387,16 +460,19 @@ def usage_of(prepared: PreparedAnswer, generation: _Generation, *, queued: float
         reasoning_tokens=reasoning_tokens,
         ttft_ms=round((first - generation.started) * 1000) if first is not None else None,
         duration_ms=round((now - generation.started) * 1000),
-        tokens_per_second=round(completion_tokens / decode, 2) if decode > 0 else None,
+        tokens_per_second=round(completion_tokens / decode, 2)
+        if decode > 0 and not cache_hit
+        else None,
         queue_ms=round(queued * 1000),
         model=prepared.spec.alias,
         source="upstream" if upstream is not None else "counted",
+        cache_hit=cache_hit,
     )
 
 
 def _observe(usage: Usage, status: str, error: ApplicationError | None) -> None:
     model = usage.model
-    if usage.ttft_ms is not None:
+    if usage.ttft_ms is not None and not usage.cache_hit:  # a replay's TTFT is the cache's
         metrics.TTFT.labels(model).observe(usage.ttft_ms / 1000)
     if usage.tokens_per_second is not None:
         metrics.OUTPUT_TOKENS_PER_SECOND.labels(model).observe(usage.tokens_per_second)
@@ -437,9 +513,9 @@ LEDGER_STATUS = {
 }
 
 
-@transaction.atomic
 def _save(run: AnswerRun, *, rows_written: bool) -> None:
-    """The settled reservation, the ledger row and the message, together. A run whose
+    """The settled reservation, the ledger row and the message, together (in one
+    transaction, shared with other answers': :mod:`apps.core.group_commit`). A run whose
     rows were not written (the client left at once, the database failed) writes them."""
     prepared, generation, usage = run.prepared, run.generation, run.usage
     assert usage is not None  # noqa: S101 - settle computes it first

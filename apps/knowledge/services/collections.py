@@ -7,6 +7,7 @@ from django.db import IntegrityError, transaction
 
 from apps.accounts.models import Team
 from apps.core.exceptions import InvalidRequest
+from apps.core.response_cache import response_cache_purge
 from apps.knowledge.models import Collection, Document
 from apps.knowledge.services.indexing import index_store
 
@@ -33,9 +34,9 @@ def collection_create(*, team: Team, name: str, description: str = "") -> Collec
 
 
 def collection_delete(*, collection: Collection) -> None:
-    """The collection, its documents and chunks; once committed, its index files and its
-    documents' uploaded files."""
-    key = collection.index_key
+    """The collection, its documents and chunks; once committed, its index files, its
+    documents' uploaded files and the team's cached answers (some may quote it)."""
+    key, team_id = collection.index_key, collection.team_id
     with transaction.atomic():
         sources = [
             name
@@ -46,6 +47,7 @@ def collection_delete(*, collection: Collection) -> None:
         ]
         collection.delete()
         transaction.on_commit(lambda: _files_delete(key, sources))
+        transaction.on_commit(lambda: response_cache_purge(team_id=team_id))
 
 
 def _files_delete(index_key: str, sources: list[str]) -> None:

@@ -14,6 +14,7 @@ from django.db import IntegrityError, transaction
 
 from apps.core.crypto import encrypt_bytes
 from apps.core.exceptions import InvalidRequest, PayloadTooLarge, UnsupportedFileType
+from apps.core.response_cache import response_cache_purge
 from apps.knowledge.models import Chunk, Collection, Document
 from apps.knowledge.services.indexing import collection_index_write
 from apps.knowledge.services.ingestion import document_release, ingestion_enqueue
@@ -187,6 +188,8 @@ def document_delete(*, document: Document) -> None:
             )
         document.delete()
         transaction.on_commit(lambda: source.delete(save=False))
+        # Its index version moved, so cached answers quoting it miss; drop them too.
+        transaction.on_commit(lambda: response_cache_purge(team_id=document.team_id))
 
 
 def _remove(index: VectorIndex, chunk_ids: list[int]) -> None:

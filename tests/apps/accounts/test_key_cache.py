@@ -16,7 +16,13 @@ from rest_framework.test import APIRequestFactory
 from apps.accounts.authentication import ApiKeyAuthentication
 from apps.accounts.models import ApiKey, Team
 from apps.accounts.selectors import ApiKeyCache, api_key_cache, caller_for
-from apps.accounts.services import IssuedKey, api_key_create, api_key_revoke, api_key_touch
+from apps.accounts.services import (
+    IssuedKey,
+    api_key_create,
+    api_key_revoke,
+    api_key_touch,
+    membership_add,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -58,6 +64,7 @@ def test_a_cached_key_costs_no_query(
     clock: FakeClock, team: Team, django_user_model: Any, django_assert_num_queries: Any
 ) -> None:
     user = django_user_model.objects.create_user("ann", password="pw-long-enough")
+    membership_add(team=team, user=user)
     issued = api_key_create(team=team, scopes=["read"], user=user)
     with django_assert_num_queries(2):  # the lookup, and last_used_at
         authenticate(issued.secret)

@@ -147,8 +147,8 @@ def test_a_key_whose_user_left_the_team_and_a_user_of_no_team_manage_no_keys(
     secret = api_key_create(team=team, scopes=["read"], user=member).secret
     Membership.objects.filter(user=member).delete()
     refused = client_for(secret).get("/api/v1/keys")
-    assert refused.status_code == 403
-    assert refused.json()["error"]["code"] == "role_missing"
+    assert refused.status_code == 401  # the key itself stopped working
+    assert refused.json()["error"]["code"] == "revoked_api_key"
     loner = django_user_model.objects.create_user("loner", password="a-long-password-1")
     assert session_of(loner).get("/api/v1/keys").status_code == 403
 

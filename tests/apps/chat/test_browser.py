@@ -12,11 +12,13 @@ import re
 import shutil
 import tempfile
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from django.utils import timezone
 
 from apps.accounts.models import ApiKey, Membership, Team
 from apps.accounts.services import api_key_create
@@ -400,6 +402,8 @@ def test_keys_page_create_use_and_revoke(
     issued = ApiKey.objects.get()
     assert secret.startswith(f"rt_{issued.prefix}_")
     assert (issued.user, issued.scopes, issued.name) == (user, ["chat", "read"], "laptop")
+    assert issued.expires_at is not None  # the page's default: in 30 days
+    assert timedelta(days=29) < issued.expires_at - timezone.now() <= timedelta(days=30)
     row = page.locator(f'tr[data-prefix="{issued.prefix}"]')
     assert "chat, read" in row.inner_text() and "active" in row.inner_text()
 
@@ -414,6 +418,34 @@ def test_keys_page_create_use_and_revoke(
         assert refused.json()["error"]["code"] == "revoked_api_key"
     page.reload()
     assert secret not in page.content()  # shown once only
+
+
+def test_an_owner_sets_a_keys_limits_on_the_keys_page(
+    page: Any, asgi_server: str, team: Team, django_user_model: Any
+) -> None:
+    owner = sign_in(page, asgi_server, team, django_user_model, role=Membership.Role.OWNER)
+    key = api_key_create(team=team, scopes=["chat"], user=owner).api_key
+    page.get_by_role("link", name="API keys").click()
+    page.get_by_role("button", name=f"Limits of {key.prefix}").click()
+    page.get_by_role("heading", name=f"Limits of key {key.prefix}").wait_for()
+    page.get_by_label("Daily tokens").fill("1000")
+    page.get_by_label("Max tokens per request").fill("64")
+    page.get_by_role("button", name="Save limits").click()
+    page.get_by_role("status").get_by_text("Saved.").wait_for()
+    limit = Limit.objects.get(api_key=key)
+    assert (limit.daily_tokens, limit.max_tokens, limit.monthly_tokens) == (1000, 64, None)
+    assert page.errors == []
+
+
+def test_a_members_keys_page_offers_no_limits(
+    page: Any, asgi_server: str, team: Team, django_user_model: Any
+) -> None:
+    member = sign_in(page, asgi_server, team, django_user_model, role=Membership.Role.MEMBER)
+    key = api_key_create(team=team, scopes=["chat"], user=member).api_key
+    page.get_by_role("link", name="API keys").click()
+    page.get_by_role("button", name=f"Revoke {key.prefix}").wait_for()
+    assert page.get_by_role("button", name=f"Limits of {key.prefix}").count() == 0
+    assert page.locator("#key-limits").count() == 0
 
 
 def test_a_390_px_screen(

@@ -19,7 +19,9 @@ from apps.core.exceptions import IdempotencyInProgress, IdempotencyKeyReused
 from apps.core.idempotency import (
     idempotency_claim,
     idempotency_complete,
+    idempotency_fingerprint,
     idempotency_keys_purge_expired,
+    idempotency_stale_after,
 )
 from apps.core.models import IdempotencyKey
 from apps.knowledge.models import Document
@@ -253,3 +255,49 @@ def test_keys_expire_and_the_beat_job_purges_them(team: Team) -> None:
     assert idempotency_keys_purge_expired(now=later) == 0
     assert idempotency_keys_purge_expired(now=later + timedelta(hours=25)) == 1
     assert not IdempotencyKey.objects.exists()
+
+
+def test_a_first_request_that_died_running_stops_blocking_retries(team: Team) -> None:
+    """A process that crashed mid-answer leaves its claim ``running``: past the bound it is
+    abandoned, and the next request with the key does the work."""
+    bound = idempotency_stale_after()
+    started = timezone.now()
+    dead = idempotency_claim(team=team, key="crashed", fingerprint="f", now=started)
+    IdempotencyKey.objects.filter(pk=dead.pk).update(created_at=started)
+
+    with pytest.raises(IdempotencyInProgress):
+        idempotency_claim(team=team, key="crashed", fingerprint="f", now=started + bound / 2)
+    retry = idempotency_claim(team=team, key="crashed", fingerprint="f", now=started + bound)
+    assert retry.status == IdempotencyKey.Status.RUNNING and retry.pk != dead.pk
+    assert list(IdempotencyKey.objects.values_list("pk", flat=True)) == [retry.pk]
+
+
+def test_the_stale_bound_outlasts_the_longest_answer(settings: Any) -> None:
+    settings.IDEMPOTENCY_STALE_SECONDS = 60
+    settings.INFERENCE_QUEUE_TIMEOUT = 30.0
+    settings.INFERENCE_TIMEOUTS = {**settings.INFERENCE_TIMEOUTS, "total": 900.0}
+    assert idempotency_stale_after() == timedelta(seconds=930)
+    settings.IDEMPOTENCY_STALE_SECONDS = 3600
+    assert idempotency_stale_after() == timedelta(hours=1)
+
+
+def test_a_retry_over_http_after_a_crash_answers(
+    upstream: FakeUpstream, http: httpx.Client, team: Team
+) -> None:
+    conversation = conversation_for(http)
+    path = f"/api/v1/conversations/{conversation}/messages"
+    body = {"content": "Say hello", "top_k": 0}
+    crashed_at = timezone.now() - idempotency_stale_after() - timedelta(seconds=1)
+    # What the crashed process left: its claim, running, with this request's fingerprint.
+    dead = IdempotencyKey.objects.create(
+        team=team,
+        key="after-crash",
+        fingerprint=idempotency_fingerprint(method="POST", path=path, body=body),
+        expires_at=timezone.now() + timedelta(hours=23),
+    )
+    IdempotencyKey.objects.filter(pk=dead.pk).update(created_at=crashed_at)
+
+    answered = ask(http, conversation, "after-crash")
+    assert answered["status"] == 201, answered
+    assert len(upstream.requests) == 1
+    assert ask(http, conversation, "after-crash")["json"]["id"] == answered["json"]["id"]

@@ -2,10 +2,12 @@ from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.utils import timezone
 
 from apps.accounts.models import Scope
 from apps.accounts.selectors import team_get_by_name
-from apps.accounts.services import api_key_create
+from apps.accounts.services import api_key_create, key_expiry
+from apps.core.audit import Actor
 from apps.core.exceptions import ApplicationError
 
 
@@ -19,6 +21,12 @@ class Command(BaseCommand):
         )
         parser.add_argument("--name", default="")
         parser.add_argument("--user", help="username the key acts for (optional)")
+        parser.add_argument(
+            "--expires-in-days",
+            type=int,
+            metavar="N",
+            help="the key answers 401 expired_api_key after N days (default: never)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         team = team_get_by_name(name=options["team"])
@@ -30,8 +38,14 @@ class Command(BaseCommand):
             if user is None:
                 raise CommandError(f"no user named {options['user']!r}")
         try:
+            expires_at = key_expiry(days=options["expires_in_days"], cap=None, now=timezone.now())
             issued = api_key_create(
-                team=team, name=options["name"], scopes=options["scopes"], user=user
+                team=team,
+                name=options["name"],
+                scopes=options["scopes"],
+                user=user,
+                expires_at=expires_at,
+                actor=Actor.command("createapikey"),
             )
         except ApplicationError as exc:
             raise CommandError(exc.message) from exc

@@ -6,6 +6,7 @@ from django.utils import timezone
 
 from apps.accounts.selectors import team_get_by_name
 from apps.chat.services.retention import conversations_purge
+from apps.core.audit import Actor
 
 
 class Command(BaseCommand):
@@ -25,8 +26,13 @@ class Command(BaseCommand):
         days = options["older_than_days"]
         if days < 0:
             raise CommandError("--older-than-days must be 0 or more")
-        purged = conversations_purge(team=team, older_than=timezone.now() - timedelta(days=days))
+        purged = conversations_purge(
+            team=team,
+            older_than=timezone.now() - timedelta(days=days),
+            actor=Actor.command("purge"),
+        )
         self.stdout.write(
             f"{team.name}: {purged.conversations} conversations, {purged.messages} messages, "
-            f"{purged.events} stored events, {purged.buffers} Redis buffers purged"
+            f"{purged.events} stored events, {purged.buffers} Redis buffers, "
+            f"{purged.cached_answers} cached answers purged"
         )

@@ -6,7 +6,9 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from apps.accounts.models import ApiKey
 from apps.accounts.selectors import team_get_by_name
+from apps.core.audit import Actor
 from apps.usage.models import Limit
+from apps.usage.services import limit_save
 
 FIELDS = {
     "burst": "burst_tokens",
@@ -45,7 +47,7 @@ class Command(BaseCommand):
             limit = limit or Limit(team=team, api_key=api_key)
             for field, value in given.items():
                 setattr(limit, field, None if value == "none" else value)
-            limit.save()
+            limit_save(limit=limit, actor=Actor.command("setlimits"))
         scope = f"key {api_key.prefix}" if api_key else f"team {team.name}"
         if limit is None:
             self.stdout.write(f"{scope}: unlimited")

@@ -1,0 +1,125 @@
+"""The response cache: an exact-match answer to a single-turn question, replayed without
+calling the tier.
+
+The key (:func:`response_cache_key`) is a SHA-256 of everything the answer depends on:
+the team, the index version of every collection searched (an ingest or a delete moves it,
+so older entries miss), the question normalized (Unicode case-folded, runs of whitespace
+made one space, ends stripped), the alias that serves, ``max_tokens``, the sampling
+parameters, the client's instructions, the search (mode, filters, ``top_k``) and whether
+reasoning is streamed. What is stored is the answer's events (citations, deltas, finish
+reason), in the store of :mod:`apps.core.response_cache` (Redis or the database,
+encrypted at rest).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from django.db import DatabaseError
+from redis.exceptions import RedisError
+
+from apps.accounts.models import Team
+from apps.core.crypto import InvalidToken
+from apps.core.response_cache import response_cache, response_cache_ttl
+from apps.knowledge.selectors import collection_list_readable
+from apps.knowledge.services import SearchFilters
+from apps.usage import metrics
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CachedAnswer:
+    """What a hit replays: the ``retrieval`` event's citations, the ``delta`` (and
+    ``reasoning``) texts as they were streamed, and how the answer finished."""
+
+    citations: list[dict[str, Any]]
+    text: list[str]
+    reasoning: list[str] = field(default_factory=list)
+    finish_reason: str = "stop"
+
+    def dumps(self) -> str:
+        return json.dumps(asdict(self), ensure_ascii=False)
+
+    @classmethod
+    def loads(cls, payload: str) -> CachedAnswer:
+        return cls(**json.loads(payload))
+
+
+def question_normalize(question: str) -> str:
+    """Case-folded (Unicode ``casefold``), whitespace runs as one space, ends stripped."""
+    return " ".join(question.split()).casefold()
+
+
+def response_cache_key(
+    *,
+    team: Team,
+    question: str,
+    alias: str,
+    max_tokens: int,
+    collection_ids: list[int] | None,
+    search: Mapping[str, Any],
+    sampling: Mapping[str, Any],
+    instructions: str = "",
+    reasoning: bool = False,
+) -> str:
+    """The digest naming one answer. ``collection_ids``: those searched (None: every
+    collection of the team; an empty list: none, RAG off); their index versions are read
+    here, before the search, so an ingest landing meanwhile makes this entry miss later
+    rather than serve an older index under a newer version."""
+    versions = (
+        []
+        if collection_ids == []
+        else [
+            [collection.pk, collection.index_version]
+            for collection in collection_list_readable(team=team, ids=collection_ids)
+        ]
+    )
+    material = {
+        "team": team.pk,
+        "question": question_normalize(question),
+        "alias": alias,
+        "max_tokens": max_tokens,
+        "index_versions": sorted(versions),
+        "search": dict(search),
+        "sampling": dict(sampling),
+        "instructions": instructions,
+        "reasoning": reasoning,
+    }
+    encoded = json.dumps(material, sort_keys=True, ensure_ascii=False, default=_plain)
+    return hashlib.sha256(encoded.encode("utf-8")).hexdigest()
+
+
+def _plain(value: object) -> object:
+    if isinstance(value, SearchFilters):
+        return asdict(value)
+    raise TypeError(f"cannot key a {type(value).__name__}")
+
+
+async def cached_answer_get(*, team: Team, key: str) -> CachedAnswer | None:
+    """The stored answer, or None. A store that fails is a miss: the tier answers."""
+    answer = None
+    try:
+        payload = await response_cache().get(team_id=team.pk, key=key)
+        answer = CachedAnswer.loads(payload) if payload is not None else None
+    except (RedisError, DatabaseError, TimeoutError, InvalidToken, ValueError, TypeError) as exc:
+        # Also an entry under a key rotated away, or of another shape: it expires.
+        logger.warning("response cache unreadable, answering afresh: %r", exc)
+    metrics.RESPONSE_CACHE.labels("hit" if answer is not None else "miss").inc()
+    return answer
+
+
+async def cached_answer_put(*, team: Team, key: str, answer: CachedAnswer) -> None:
+    """Keep ``answer`` for the team's TTL. A store that fails loses only the entry."""
+    ttl = response_cache_ttl(team=team)
+    if ttl <= 0:
+        return
+    try:
+        await response_cache().put(team_id=team.pk, key=key, payload=answer.dumps(), ttl=ttl)
+    except (RedisError, DatabaseError, TimeoutError) as exc:
+        logger.warning("response cache not written: %r", exc)

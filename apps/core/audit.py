@@ -1,0 +1,70 @@
+"""The audit log: key creation and revocation, limit changes, purges and admin logins.
+
+Services record their own events (``audit_record``), so an action is logged whichever
+surface made it: the API, the admin, a management command or a beat job.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.http import HttpRequest
+
+from apps.accounts.models import Team
+from apps.core.models import AuditEvent
+
+
+@dataclass(frozen=True)
+class Actor:
+    """Who acted: a signed-in user, a key (with its user, if any), a command or a job."""
+
+    label: str
+    user: AbstractBaseUser | None = None
+
+    @classmethod
+    def of_user(cls, user: AbstractBaseUser | AnonymousUser | None) -> Actor:
+        if user is None or not user.is_authenticated:
+            return cls("anonymous")
+        return cls(f"user {user.get_username()}", user)  # type: ignore[arg-type]
+
+    @classmethod
+    def command(cls, name: str) -> Actor:
+        return cls(f"manage.py {name}")
+
+    @classmethod
+    def job(cls, name: str) -> Actor:
+        return cls(f"job {name}")
+
+
+SYSTEM = Actor("system")
+"""The actor of a service call that named none (setup scripts, tests)."""
+
+
+def audit_record(
+    *,
+    action: AuditEvent.Action,
+    actor: Actor,
+    team: Team | None = None,
+    target: str = "",
+    detail: dict[str, Any] | None = None,
+) -> AuditEvent:
+    return AuditEvent.objects.create(
+        action=action,
+        actor=actor.label[:200],
+        actor_user=actor.user,
+        team=team,
+        team_name=team.name if team is not None else "",
+        target=target[:200],
+        detail=detail or {},
+    )
+
+
+def admin_login_record(
+    sender: Any, *, request: HttpRequest | None, user: AbstractBaseUser, **kwargs: Any
+) -> None:
+    """``user_logged_in`` receiver: a login through the admin's own login page."""
+    match = getattr(request, "resolver_match", None)
+    if match is not None and match.namespace == "admin" and match.url_name == "login":
+        audit_record(action=AuditEvent.Action.ADMIN_LOGIN, actor=Actor.of_user(user))

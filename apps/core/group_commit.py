@@ -1,0 +1,83 @@
+"""Group commit: writes from many threads share one transaction, and one commit.
+
+Settling an answer is a handful of small writes, then a commit. Done one answer per
+transaction, concurrent answers queue on the commit (a disk flush each) and on the row
+locks their writes share (a team's quota counter), so the last of 32 waits for 31 commits.
+Here, whoever finds the writer free takes every write pending at that moment and runs them
+in one transaction, each in its own savepoint (one that fails rolls back alone and raises
+in its own thread), then commits once; the others wait for their result. With no
+contention a write goes alone, as it would without this; under contention the batches grow
+on their own. A write must use only the database and its arguments: it runs on the
+combining thread (and its connection).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any, Generic, ParamSpec, TypeVar
+
+from django.db import DEFAULT_DB_ALIAS, transaction
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class _Write(Generic[R]):
+    __slots__ = ("call", "done", "error", "value")
+
+    def __init__(self, call: Callable[[], R]) -> None:
+        self.call = call
+        self.done = False
+        self.value: R | None = None
+        self.error: BaseException | None = None
+
+
+class GroupCommit:
+    def __init__(self, *, using: str = DEFAULT_DB_ALIAS) -> None:
+        self.using = using
+        self._writer = threading.Lock()
+        self._pending_lock = threading.Lock()
+        self._pending: list[_Write[Any]] = []
+
+    def run(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
+        """``fn(*args, **kwargs)`` committed, possibly with others' writes; its result, or
+        its exception. Inside a transaction already, it simply runs in it."""
+        if transaction.get_connection(self.using).in_atomic_block:
+            return fn(*args, **kwargs)
+        write: _Write[R] = _Write(lambda: fn(*args, **kwargs))
+        with self._pending_lock:
+            self._pending.append(write)
+        with self._writer:
+            if not write.done:  # nobody took it while this thread waited
+                with self._pending_lock:
+                    batch, self._pending = self._pending, []
+                self._commit(batch)
+        if write.error is not None:
+            raise write.error
+        return write.value  # type: ignore[return-value]
+
+    def _commit(self, batch: list[_Write[Any]]) -> None:
+        try:
+            with transaction.atomic(using=self.using):
+                for write in batch:
+                    try:
+                        with transaction.atomic(using=self.using):  # a savepoint
+                            write.value = write.call()
+                    except Exception as exc:
+                        write.error = exc
+        except Exception as exc:
+            for write in batch:
+                write.error = write.error or exc
+                write.value = None
+        finally:
+            for write in batch:
+                write.done = True
+
+
+budget_writer = GroupCommit()
+"""What admission and settlement write, from every thread of this process: reservations
+(the database store), their settlement, and each answer's ledger row and message (see
+:mod:`apps.usage.budgets` and the answer run). On SQLite, which has one writer at a time
+whatever happens, it also keeps threads from waiting out each other's locks in the busy
+handler's back-off (seconds at the tail)."""

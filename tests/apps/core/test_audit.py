@@ -1,0 +1,170 @@
+"""The audit log: key creation and revocation, limit changes, purges and admin logins, each
+with who, what, when, team and target, from every surface; readable in admin, never
+editable."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from io import StringIO
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+from django.test import Client
+from django.utils import timezone
+from rest_framework.test import APIClient
+
+from apps.accounts.models import ApiKey, Membership, Team
+from apps.accounts.services import api_key_create, membership_add
+from apps.chat.models import Conversation, Message
+from apps.chat.services.retention import retention_purge
+from apps.core.models import AuditEvent
+from apps.usage.models import Limit
+from tests.conftest import client_for
+
+pytestmark = pytest.mark.django_db
+
+Action = AuditEvent.Action
+
+
+@pytest.fixture
+def owner(team: Team, django_user_model: Any) -> Any:
+    user = django_user_model.objects.create_user("olive", password="a-long-password-1")
+    membership_add(team=team, user=user, role=Membership.Role.OWNER)
+    return user
+
+
+def events(kind: str = "") -> list[tuple[str, str, str, str]]:
+    """(action, actor, team name, target) of every event (of actions starting with
+    ``kind``), oldest first."""
+    rows = AuditEvent.objects.filter(action__startswith=kind).order_by("pk")
+    return list(rows.values_list("action", "actor", "team_name", "target"))
+
+
+def test_keys_issued_and_revoked_through_the_api(team: Team, owner: Any) -> None:
+    session = APIClient()
+    session.force_login(owner)
+    before = timezone.now()
+    prefix = session.post("/api/v1/keys", {"scopes": ["read"]}, format="json").json()["prefix"]
+    assert session.delete(f"/api/v1/keys/{prefix}").status_code == 204
+    assert session.delete(f"/api/v1/keys/{prefix}").status_code == 204  # no second event
+
+    assert events() == [
+        (Action.KEY_CREATED, "user olive", "acme", f"key {prefix}"),
+        (Action.KEY_REVOKED, "user olive", "acme", f"key {prefix}"),
+    ]
+    created = AuditEvent.objects.get(action=Action.KEY_CREATED)
+    assert created.actor_user == owner and created.team == team
+    assert created.created_at >= before
+    assert created.detail == {"scopes": ["read"], "user": "olive", "expires_at": None}
+
+
+def test_a_key_issued_with_a_key_names_that_key(team: Team, owner: Any) -> None:
+    parent = api_key_create(team=team, scopes=["read"], user=owner)
+    child = client_for(parent.secret).post("/api/v1/keys", {"scopes": ["read"]}, format="json")
+    assert events()[-1] == (
+        Action.KEY_CREATED,
+        f"key {parent.api_key.prefix} of user olive",
+        "acme",
+        f"key {child.json()['prefix']}",
+    )
+
+
+def test_the_command_and_the_admin_are_named_as_actors(team: Team, admin_client: Any) -> None:
+    call_command("createapikey", "--team", team.name, stdout=StringIO())
+    prefix = ApiKey.objects.get().prefix
+    admin_client.post(
+        "/admin/accounts/apikey/",
+        {"action": "revoke", "_selected_action": [ApiKey.objects.get().pk]},
+    )
+    assert events() == [
+        (Action.KEY_CREATED, "manage.py createapikey", "acme", f"key {prefix}"),
+        (Action.KEY_REVOKED, "user admin", "acme", f"key {prefix}"),
+    ]
+
+
+def test_limit_changes_in_the_admin_and_the_command(
+    team: Team, admin_client: Any, issued_key: Any
+) -> None:
+    form = {"team": team.pk, "tokens_per_minute": "1000", "daily_tokens": "50000"}
+    assert admin_client.post("/admin/usage/limit/add/", form).status_code == 302
+    limit = Limit.objects.get()
+    changed = {**form, "daily_tokens": "60000"}
+    assert admin_client.post(f"/admin/usage/limit/{limit.pk}/change/", changed).status_code == 302
+    call_command(
+        "setlimits", "--team", team.name, "--key", issued_key.api_key.prefix, "--daily", "10",
+        stdout=StringIO(),
+    )  # fmt: skip
+    delete = admin_client.post(f"/admin/usage/limit/{limit.pk}/delete/", {"post": "yes"})
+    assert delete.status_code == 302
+
+    key_target = f"key {issued_key.api_key.prefix}"
+    assert events("limit.") == [
+        (Action.LIMIT_CREATED, "user admin", "acme", "team acme"),
+        (Action.LIMIT_CHANGED, "user admin", "acme", "team acme"),
+        (Action.LIMIT_CREATED, "manage.py setlimits", "acme", key_target),
+        (Action.LIMIT_DELETED, "user admin", "acme", "team acme"),
+    ]
+    change = AuditEvent.objects.get(action=Action.LIMIT_CHANGED)
+    assert (change.detail["before"]["daily_tokens"], change.detail["after"]["daily_tokens"]) == (
+        50000,
+        60000,
+    )
+
+
+def old_conversation(team: Team, *, days: int) -> None:
+    conversation = Conversation.objects.create(team=team, title="t")
+    Message.objects.create(conversation=conversation, team=team, role="user", content="q")
+    then = timezone.now() - timedelta(days=days)
+    Message.objects.filter(conversation=conversation).update(created_at=then)
+    Conversation.objects.filter(pk=conversation.pk).update(updated_at=then)
+
+
+def test_purges_by_hand_always_and_by_the_job_when_something_went(team: Team) -> None:
+    call_command("purge", team=team.name, older_than_days=5, stdout=StringIO())
+    team.retention_days = 30
+    team.save()
+    retention_purge()  # nothing old: no event
+    old_conversation(team, days=31)
+    retention_purge()
+
+    assert [(action, actor) for action, actor, _, _ in events()] == [
+        (Action.PURGE, "manage.py purge"),
+        (Action.PURGE, "job retention_purge"),
+    ]
+    job = AuditEvent.objects.filter(action=Action.PURGE).order_by("pk").last()
+    assert job is not None
+    assert job.detail == {
+        "conversations": 1,
+        "messages": 1,
+        "events": 0,
+        "buffers": 0,
+        "cached_answers": 0,
+    }
+
+
+def test_admin_logins_are_recorded_and_other_logins_are_not(
+    team: Team, owner: Any, admin_user: Any
+) -> None:
+    Client().post("/login", {"username": "olive", "password": "a-long-password-1"})
+    assert not AuditEvent.objects.exists()
+    response = Client().post(
+        "/admin/login/?next=/admin/", {"username": "admin", "password": "password"}
+    )
+    assert response.status_code == 302
+    assert events() == [(Action.ADMIN_LOGIN, "user admin", "", "")]
+
+
+def test_the_admin_reads_but_never_edits_the_log(team: Team, admin_client: Any) -> None:
+    api_key_create(team=team)
+    event = AuditEvent.objects.get()
+    assert admin_client.get("/admin/core/auditevent/").status_code == 200
+    page = admin_client.get(f"/admin/core/auditevent/{event.pk}/change/")
+    assert page.status_code == 200
+    assert 'type="submit"' not in page.content.decode().split('id="content-main"')[1]
+    assert admin_client.get("/admin/core/auditevent/add/").status_code == 403
+    assert admin_client.post(f"/admin/core/auditevent/{event.pk}/delete/").status_code == 403
+    changed = admin_client.post(f"/admin/core/auditevent/{event.pk}/change/", {"actor": "me"})
+    assert changed.status_code == 403
+    event.refresh_from_db()
+    assert event.actor == "system"

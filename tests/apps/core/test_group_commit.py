@@ -1,0 +1,112 @@
+"""Group commit: writes from many threads, one transaction and one commit per batch; each
+write's result or error goes back to its own thread."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+from django.db import connection, transaction
+
+from apps.accounts.models import Team
+from apps.core.group_commit import GroupCommit
+from tests import factories
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def in_threads(count: int, target: Any) -> tuple[list[Any], list[BaseException]]:
+    results: list[Any] = [None] * count
+    errors: list[BaseException] = []
+
+    def run(index: int) -> None:
+        try:
+            results[index] = target(index)
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    return results, errors
+
+
+def wait_until(condition: Any) -> None:
+    """Poll a condition (a wait for threads to get somewhere, not a timing assertion)."""
+    deadline = time.monotonic() + 30
+    while not condition():
+        assert time.monotonic() < deadline, "threads never got there"
+        time.sleep(0.005)
+
+
+def test_writes_waiting_behind_a_commit_go_together_and_each_gets_its_result() -> None:
+    group = GroupCommit()
+    batches: list[int] = []
+    commit = group._commit
+
+    def counted(batch: list[Any]) -> None:
+        batches.append(len(batch))
+        commit(batch)
+
+    group._commit = counted  # type: ignore[method-assign]
+    entered, go = threading.Event(), threading.Event()
+
+    def first() -> int:
+        entered.set()
+        go.wait(timeout=30)
+        return factories.team(name="first").pk
+
+    holder = threading.Thread(target=lambda: (group.run(first), connection.close()))
+    holder.start()
+    entered.wait(timeout=30)
+    outcome: list[tuple[list[Any], list[BaseException]]] = []
+    others = threading.Thread(
+        target=lambda: outcome.append(
+            in_threads(5, lambda i: group.run(lambda: factories.team(name=f"t{i}").name))
+        )
+    )
+    others.start()
+    wait_until(lambda: len(group._pending) == 5)
+    go.set()
+    holder.join(timeout=60)
+    others.join(timeout=60)
+    results, errors = outcome[0]
+
+    assert not errors
+    assert batches == [1, 5]  # the five that queued meanwhile: one transaction
+    assert sorted(results) == [f"t{i}" for i in range(5)]
+    assert Team.objects.count() == 6
+
+
+def test_a_failing_write_fails_alone() -> None:
+    group = GroupCommit()
+
+    def write(index: int) -> str:
+        def create() -> str:
+            team = factories.team(name=f"team-{index}")
+            if index == 3:
+                raise ValueError("this one fails")
+            return team.name
+
+        return group.run(create)
+
+    results, errors = in_threads(8, write)
+    assert [str(e) for e in errors] == ["this one fails"]
+    assert sorted(Team.objects.values_list("name", flat=True)) == sorted(
+        f"team-{i}" for i in range(8) if i != 3
+    )
+    assert sorted(r for r in results if r) == sorted(f"team-{i}" for i in range(8) if i != 3)
+
+
+def test_inside_a_transaction_it_is_part_of_it() -> None:
+    group = GroupCommit()
+    with pytest.raises(RuntimeError), transaction.atomic():
+        group.run(factories.team, name="rolled back")
+        raise RuntimeError
+    assert not Team.objects.exists()
