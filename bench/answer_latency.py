@@ -391,7 +391,7 @@ def direct_body(tokenizer: Any, question: str, max_tokens: int) -> dict[str, Any
         context_window=CONTEXT_WINDOW,
         max_output_tokens=max_tokens,
     )
-    served_name = str(model_alias_resolve(alias=None)[1]["served_name"])
+    served_name = model_alias_resolve(alias=None).model
     return ChatRequest(model=served_name, messages=prompt.messages, max_tokens=max_tokens).body()
 
 
@@ -532,7 +532,7 @@ def part_retrieval_share(
     if team is None:
         raise RuntimeError("the bench team is missing")
     caller = Caller(team, None, None, frozenset({"read"}))
-    served_name = str(model_alias_resolve(alias=None)[1]["served_name"])
+    served_name = model_alias_resolve(alias=None).model
 
     def passages_of(results: Sequence[Any]) -> list[Passage]:
         return [

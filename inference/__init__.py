@@ -1,10 +1,17 @@
-"""Framework-free inference: tokenizers matched to the served model, prompt assembly inside
-a token budget, an async client for OpenAI-compatible servers, and the fair queue in front
-of each of them.
+"""Framework-free inference: the model registry, tokenizers matched to each served model,
+prompt assembly inside a token budget, an async client for OpenAI-compatible servers, the
+fair queue and the circuit breaker in front of each of them, and fallback between them.
 
 Nothing here imports Django; the apps call this package, never the reverse.
 """
 
+from inference.breaker import (
+    BreakerPolicy,
+    CircuitBreaker,
+    CircuitState,
+    LocalBreakerStore,
+    RedisBreakerStore,
+)
 from inference.client import (
     ChatRequest,
     Event,
@@ -28,6 +35,7 @@ from inference.errors import (
     UpstreamRateLimited,
     UpstreamRejected,
 )
+from inference.failover import AllUpstreamsDown, Failover, Target
 from inference.prompt import (
     MAX_CHARS_PER_TOKEN,
     SYSTEM_PROMPT,
@@ -37,6 +45,15 @@ from inference.prompt import (
     render_passages,
 )
 from inference.reasoning import ThinkSplitter
+from inference.registry import (
+    ModelEntry,
+    Price,
+    Registry,
+    RegistryError,
+    TokenizerSpec,
+    registry_parse,
+    rendezvous_order,
+)
 from inference.scheduler import FairQueue, Lease, LocalScheduler, RedisScheduler, Scheduler
 from inference.tokenizers import (
     ChatMessage,
@@ -53,10 +70,15 @@ from inference.tokenizers import (
 __all__ = [
     "MAX_CHARS_PER_TOKEN",
     "SYSTEM_PROMPT",
+    "AllUpstreamsDown",
+    "BreakerPolicy",
     "ChatMessage",
     "ChatRequest",
+    "CircuitBreaker",
+    "CircuitState",
     "ContextLengthExceeded",
     "Event",
+    "Failover",
     "FairQueue",
     "FakeTokenizer",
     "Finished",
@@ -66,21 +88,29 @@ __all__ = [
     "InferenceTimeout",
     "InferenceUnavailable",
     "Lease",
+    "LocalBreakerStore",
     "LocalScheduler",
+    "ModelEntry",
     "OpenAIClient",
     "Passage",
+    "Price",
     "Prompt",
     "QueueFull",
     "ReasoningDelta",
+    "RedisBreakerStore",
     "RedisScheduler",
+    "Registry",
+    "RegistryError",
     "RemoteTokenizer",
     "Retry",
     "Scheduler",
     "SchedulerUnavailable",
+    "Target",
     "TextDelta",
     "ThinkSplitter",
     "Timeouts",
     "Tokenizer",
+    "TokenizerSpec",
     "TokenizerUnavailable",
     "UpstreamProtocolError",
     "UpstreamRateLimited",
@@ -89,6 +119,8 @@ __all__ = [
     "assemble_prompt",
     "escape_control_tokens",
     "load_tokenizer",
+    "registry_parse",
     "render_passages",
+    "rendezvous_order",
     "smollm2_gguf_path",
 ]

@@ -29,7 +29,7 @@ import ssl
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from contextlib import aclosing, suppress
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any
@@ -103,6 +103,10 @@ class ChatRequest:
     reasoning_opened: bool = False
     """The chat template opens the thinking block in the prompt (DeepSeek-R1 style): the
     output starts inside it and only a closing ``</think>`` shows."""
+
+    def for_model(self, *, model: str, max_tokens: int, reasoning_opened: bool) -> ChatRequest:
+        """The same request for another served model (a fallback alias's)."""
+        return replace(self, model=model, max_tokens=max_tokens, reasoning_opened=reasoning_opened)
 
     def body(self) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -213,8 +217,13 @@ class OpenAIClient:
             return None
         return ollama_context_window(show, model=served_name) if isinstance(show, dict) else None
 
-    async def stream_chat(self, request: ChatRequest) -> AsyncIterator[Event]:
-        """Events of one generation; retried transparently until the first one arrives."""
+    async def stream_chat(
+        self, request: ChatRequest, *, retry: Retry | None = None
+    ) -> AsyncGenerator[Event]:
+        """Events of one generation; retried transparently until the first one arrives.
+        ``retry`` replaces the client's policy for this call (one attempt, when another
+        upstream can take the request instead)."""
+        retry = retry or self.retry
         deadline = time.monotonic() + self.timeouts.total
         attempt = 0
         while True:
@@ -227,9 +236,9 @@ class OpenAIClient:
                 return
             except (InferenceUnavailable, InferenceTimeout, UpstreamRateLimited) as exc:
                 attempt += 1
-                if started or attempt >= self.retry.attempts:
+                if started or attempt >= retry.attempts:
                     raise
-                pause = self.retry.delay(attempt - 1, exc.retry_after)
+                pause = retry.delay(attempt - 1, exc.retry_after)
                 if pause is None or time.monotonic() + pause >= deadline:
                     raise
                 logger.info(

@@ -272,12 +272,12 @@ class ConversationMessageCreateApi(AsyncApiView):
         if claim is not None and claim.status == IdempotencyKey.Status.COMPLETE:
             return await message_replay(caller=caller, claim=claim, stream=stream)
         try:
-            spec = await services.model_resolve(alias=data.get("model"))
+            model = await services.model_choose(alias=data.get("model"))
             prepared = await db_call(services.answer_prepare)(
                 caller=caller,
                 conversation=conversation_id,
                 content=data["content"],
-                spec=spec,
+                model=model,
                 collection_ids=data.get("collections"),
                 max_tokens=data.get("max_tokens"),
                 top_k=data["top_k"],
@@ -433,8 +433,8 @@ class TokenizeApi(APIView):
         },
     )
     def post(self, request: Request) -> Response:
-        """Count ``text`` with the served model's own tokenizer."""
+        """Count ``text`` with the tokenizer of the model ``model`` names (the default
+        model's when absent; for ``auto``, the small model's, its first choice)."""
         data = validated(self.InputSerializer, request)
-        alias, _ = services.model_alias_resolve(alias=data.get("model"))
-        tokens = services.tokenizer().count(data["text"]) if data["text"] else 0
-        return Response(self.OutputSerializer({"model": alias, "tokens": tokens}).data)
+        count = services.text_count(alias=data.get("model"), text=data["text"])
+        return Response(self.OutputSerializer(count).data)

@@ -58,7 +58,7 @@ class Message(models.Model):
     cancel_requested = models.BooleanField(default=False)
     finish_reason = models.CharField(max_length=32, blank=True)
     error = models.JSONField(null=True, blank=True)
-    model = models.CharField(max_length=64, blank=True, help_text="the alias asked for")
+    model = models.CharField(max_length=64, blank=True, help_text="the alias that served")
     served_model = models.CharField(max_length=200, blank=True)
     prompt_tokens = models.PositiveIntegerField(default=0)
     cached_tokens = models.PositiveIntegerField(default=0)

@@ -124,14 +124,14 @@ class ChatCompletionsApi(AsyncApiView):
             raise InvalidRequest("The last message must be the user's.", param="messages")
         rag = data.get("rag") or {"enabled": True, "top_k": 5, "mode": DEFAULT_SEARCH_MODE}
         caller = get_caller(request)
-        spec = await services.model_resolve(alias=data["model"])
+        model = await services.model_choose(alias=data["model"])
         prepared = await db_call(
             services.answer_prepare
         )(
             caller=caller,
             conversation=None,  # a new one, written with the messages if stored
             content=messages[-1]["content"],
-            spec=spec,
+            model=model,
             collection_ids=rag.get("collections"),
             max_tokens=data.get("max_completion_tokens") or data.get("max_tokens"),
             top_k=rag["top_k"],

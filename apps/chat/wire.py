@@ -135,6 +135,7 @@ class OpenAIWire:
                     yield frame_data({"error": event.data()})
                 case UsageReport(usage=reported):
                     usage = reported
+                    base["model"] = reported.model or base.get("model")  # after fallback
                 case Done(finish_reason=reason):
                     yield chunk({}, finish=_finish(reason), citations=citations)
         if self.include_usage and usage is not None:
@@ -146,7 +147,7 @@ class OpenAIWire:
             "id": f"chatcmpl-{answer.message_id}",
             "object": "chat.completion",
             "created": int(time.time()),
-            "model": prepared.spec.alias,
+            "model": answer.model or prepared.spec.alias,
             "choices": [
                 {
                     "index": 0,

@@ -5,9 +5,14 @@ from typing import Any
 from django.contrib import admin
 from django.db.models import QuerySet
 from django.forms import ModelForm
+from asgiref.sync import async_to_sync
+from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path
 
 from apps.core.audit import Actor
+from apps.chat.services.models import model_registry_status
 from apps.usage.models import Limit, UsageRecord
 from apps.usage.services import limit_delete, limit_save
 
@@ -20,12 +25,38 @@ class UsageRecordAdmin(admin.ModelAdmin):
         "kind",
         "operation",
         "model",
+        "requested_model",
+        "upstream",
         "prompt_tokens",
+        "cached_tokens",
         "completion_tokens",
         "status",
     ]
-    list_filter = ["kind", "status", "team", "model"]
+    list_filter = ["kind", "status", "team", "model", "requested_model", "upstream"]
     date_hierarchy = "created_at"
+    change_list_template = "admin/usage/usagerecord/change_list.html"
+
+    def get_urls(self) -> list[URLPattern]:
+        models = path(
+            "models/",
+            self.admin_site.admin_view(self.models_view),
+            name="usage_usagerecord_models",
+        )
+        # Before the defaults: their "<path:object_id>/" would swallow "models/".
+        return [models, *super().get_urls()]
+
+    def models_view(self, request: HttpRequest) -> TemplateResponse:
+        """The model registry, read-only: each alias, and each upstream's circuit state
+        and slots in use."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": "Inference models",
+            "models": async_to_sync(model_registry_status)(),
+        }
+        return TemplateResponse(request, "admin/usage/usagerecord/models.html", context)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

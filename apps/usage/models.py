@@ -32,7 +32,13 @@ class UsageRecord(models.Model):
         settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True
     )
     kind = models.CharField(max_length=16, choices=Kind.choices)
-    model = models.CharField(max_length=200)
+    model = models.CharField(max_length=200, help_text="the alias (or model) that served")
+    requested_model = models.CharField(
+        max_length=64, blank=True, help_text="the alias asked for (auto before routing)"
+    )
+    upstream = models.CharField(
+        max_length=500, blank=True, help_text="the inference server that served (internal)"
+    )
     operation = models.CharField(max_length=32, help_text="what spent the tokens: query, ingest…")
     object_id = models.CharField(max_length=64, blank=True, help_text="document, message…")
     prompt_tokens = models.PositiveBigIntegerField(default=0)

@@ -17,21 +17,37 @@ from apps.core.models import AuditEvent
 from apps.usage import metrics
 from apps.usage.models import Limit, UsageRecord
 from apps.usage.values import LimitValues, Usage
+from inference import Price
 
 
-def cost_of(*, model: str, prompt: int, cached: int, completion: int) -> Decimal:
-    """USD from integer tokens: uncached input, cached input and output priced apart."""
+def price_of(model: str) -> Price:
+    """``model``'s price in ``MODEL_PRICES`` (nothing listed: free)."""
     prices = settings.MODEL_PRICES.get(model, {})
+    return Price(
+        input=prices.get("input", 0.0),
+        cached_input=prices.get("cached_input"),
+        output=prices.get("output", 0.0),
+    )
+
+
+def cost_of(
+    *, model: str, prompt: int, cached: int, completion: int, price: Price | None = None
+) -> Decimal:
+    """USD from integer tokens: uncached input, cached input and output priced apart, at
+    ``price`` (a registry entry's), else at ``model``'s in ``MODEL_PRICES``."""
+    price = price or price_of(model)
     per_million = (
-        (prompt - cached) * Decimal(str(prices.get("input", 0)))
-        + cached * Decimal(str(prices.get("cached_input", prices.get("input", 0))))
-        + completion * Decimal(str(prices.get("output", 0)))
+        (prompt - cached) * Decimal(str(price.input))
+        + cached * Decimal(str(price.cached))
+        + completion * Decimal(str(price.output))
     )
     return (per_million / 1_000_000).quantize(Decimal("1e-10"))
 
 
-def energy_of(*, model: str, tokens: int) -> float:
-    return tokens / 1000 * float(settings.MODEL_ENERGY_WH_PER_1K_TOKENS.get(model, 0.0))
+def energy_of(*, model: str, tokens: int, per_1k: float | None = None) -> float:
+    if per_1k is None:
+        per_1k = float(settings.MODEL_ENERGY_WH_PER_1K_TOKENS.get(model, 0.0))
+    return tokens / 1000 * per_1k
 
 
 def usage_record_embedding(
@@ -72,15 +88,24 @@ def usage_record_chat(
     error_code: str = "",
     api_key: ApiKey | None = None,
     user: AbstractBaseUser | None = None,
+    requested_model: str = "",
+    upstream: str = "",
+    price: Price | None = None,
+    energy: float | None = None,
 ) -> UsageRecord:
     """One row per generation, whatever its outcome: tokens generated before an error or a
-    cancel are billed like any others."""
+    cancel are billed like any others. ``model`` is the alias that served, priced at
+    ``price`` and ``energy`` (Wh per 1000 tokens) when its registry entry has them;
+    ``requested_model`` the alias asked for; ``upstream`` the server (never shown to
+    callers)."""
     return UsageRecord.objects.create(
         team=team,
         api_key=api_key,
         user=user if user is not None and user.is_authenticated else None,
         kind=UsageRecord.Kind.CHAT,
         model=model,
+        requested_model=requested_model,
+        upstream=upstream,
         operation="answer",
         object_id=object_id,
         **usage.columns(),
@@ -89,8 +114,9 @@ def usage_record_chat(
             prompt=usage.prompt_tokens,
             cached=usage.cached_tokens,
             completion=usage.completion_tokens,
+            price=price,
         ),
-        energy_wh=energy_of(model=model, tokens=usage.total_tokens),
+        energy_wh=energy_of(model=model, tokens=usage.total_tokens, per_1k=energy),
         status=status,
         error_code=error_code,
     )

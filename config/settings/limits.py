@@ -1,7 +1,7 @@
 """Limits every endpoint enforces before doing expensive work (API.md defaults)."""
 
 from config.env import env
-from config.settings.inference import MODEL_ALIASES
+from config.settings.inference import INFERENCE_MODELS, MODEL_ALIASES
 
 MAX_JSON_BODY_BYTES = env.int("RAGTIER_MAX_JSON_BODY_BYTES", default=1024 * 1024)
 MAX_UPLOAD_BYTES = env.int("RAGTIER_MAX_UPLOAD_BYTES", default=25 * 1024 * 1024)
@@ -22,7 +22,11 @@ MAX_CHARS_PER_TOKEN = env.int("RAGTIER_MAX_CHARS_PER_TOKEN", default=16)
 # One message longer than this fits no configured context window: 400
 # context_length_exceeded. A window read from the tier is unknown here; then only the
 # body limit bounds a message, and the model's own window is checked before counting.
-_windows = [config.get("context_window") for config in MODEL_ALIASES.values()]
+_models = INFERENCE_MODELS or MODEL_ALIASES
+_windows = [
+    config.get("context_window") if isinstance(config, dict) else None
+    for config in _models.values()
+]
 MAX_MESSAGE_CHARS = env.int(
     "RAGTIER_MAX_MESSAGE_CHARS",
     default=(

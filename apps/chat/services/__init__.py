@@ -12,11 +12,15 @@ from apps.chat.services.conversations import (
     message_cancel,
 )
 from apps.chat.services.models import (
+    ModelChoice,
     ModelSpec,
     inference_client,
     model_alias_resolve,
     model_aliases,
+    model_choose,
+    model_registry,
     model_resolve,
+    text_count,
     tokenizer,
 )
 from apps.chat.services.prepare import PreparedAnswer, answer_prepare
@@ -27,6 +31,7 @@ __all__ = [
     "AnswerEvent",
     "AnswerRun",
     "CollectedAnswer",
+    "ModelChoice",
     "ModelSpec",
     "PreparedAnswer",
     "answer_collect",
@@ -39,6 +44,9 @@ __all__ = [
     "message_cancel",
     "model_alias_resolve",
     "model_aliases",
+    "model_choose",
+    "model_registry",
     "model_resolve",
+    "text_count",
     "tokenizer",
 ]

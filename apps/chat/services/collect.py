@@ -28,6 +28,8 @@ class CollectedAnswer:
     citations: list[dict[str, Any]] = field(default_factory=list)
     usage: Usage | None = None
     finish_reason: str = "stop"
+    model: str = ""
+    """The alias that served (after ``auto`` routing and fallback)."""
     error: ApplicationError | None = None
     """Set when the generation failed; with no content, the surface answers the error."""
 
@@ -38,8 +40,8 @@ async def answer_collect(events: AsyncIterator[AnswerEvent]) -> CollectedAnswer:
     thoughts: list[str] = []
     async for event in events:
         match event:
-            case Started(message_id=message_id):
-                answer.message_id = message_id
+            case Started(message_id=message_id, model=model):
+                answer.message_id, answer.model = message_id, model
             case Retrieved(citations=citations):
                 answer.citations = citations
             case Delta(text=text):
@@ -47,7 +49,7 @@ async def answer_collect(events: AsyncIterator[AnswerEvent]) -> CollectedAnswer:
             case Reasoning(text=text):
                 thoughts.append(text)
             case UsageReport(usage=usage):
-                answer.usage = usage
+                answer.usage, answer.model = usage, usage.model or answer.model
             case Failed(error=error):
                 answer.error = error
             case Done(finish_reason=reason):

@@ -1,94 +1,216 @@
-"""Model aliases (``small``, ``large``, ``auto``) → what the tier serves, its limits, and
-the fair queue in front of it."""
+"""Model aliases (``small``, ``large``, ``auto``) → the registry entry that serves them,
+the upstreams in the order to try them, and the fair queue and circuit breaker in front
+of each upstream.
+
+The registry is read from settings once (``INFERENCE_MODELS``, else today's
+``INFERENCE_BASE_URL`` and ``MODEL_*`` settings as one entry per alias) and read again
+only when a setting changes (tests).
+"""
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+from redis.exceptions import RedisError
 
 from apps.accounts.models import Team
 from apps.core.aio import loop_cached, redis_client
 from apps.core.exceptions import InvalidRequest, NotFound, UpstreamError
 from apps.usage import metrics
 from inference import (
+    BreakerPolicy,
+    ChatRequest,
+    CircuitBreaker,
     InferenceError,
     Lease,
+    LocalBreakerStore,
     LocalScheduler,
+    ModelEntry,
     OpenAIClient,
     QueueFull,
+    RedisBreakerStore,
     RedisScheduler,
+    Registry,
+    RegistryError,
     Retry,
     Scheduler,
+    Target,
     Timeouts,
     Tokenizer,
-    load_tokenizer,
+    TokenizerSpec,
+    registry_parse,
+    rendezvous_order,
 )
+
+AUTO = "auto"
+AUTO_ALIASES = ("small", "large")
+"""What ``auto`` routes between: the first for prompts up to
+``ROUTER_SMALL_MAX_PROMPT_TOKENS`` tokens, the second beyond."""
 
 
 @dataclass(frozen=True)
 class ModelSpec:
-    alias: str
-    served_name: str
+    """A registry entry with its context window known (read from the tier if need be)."""
+
+    entry: ModelEntry
     context_window: int
-    max_output_tokens: int
-    reasoning_opened: bool = False
-    """The served model's chat template opens its thinking block in the prompt (R1)."""
+
+    @property
+    def alias(self) -> str:
+        return self.entry.alias
+
+    @property
+    def served_name(self) -> str:
+        return self.entry.model
+
+    @property
+    def max_output_tokens(self) -> int:
+        return self.entry.max_output_tokens
+
+    @property
+    def reasoning_opened(self) -> bool:
+        return self.entry.reasoning_opened
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self.entry.tokenizer.load()
+
+
+@dataclass(frozen=True)
+class ModelChoice:
+    """What a request asked for (``requested``, as named: ``auto`` stays ``auto``) and the
+    aliases that may serve it, in order of preference: one, or two for ``auto``."""
+
+    requested: str
+    candidates: tuple[ModelSpec, ...]
+
+    @property
+    def routed(self) -> bool:
+        return len(self.candidates) > 1
+
+
+@functools.cache
+def model_registry() -> Registry:
+    """The registry (read once; again after a setting changes)."""
+    try:
+        if settings.INFERENCE_MODELS:
+            return registry_parse(settings.INFERENCE_MODELS, default=settings.DEFAULT_MODEL_ALIAS)
+        return _registry_from_aliases()
+    except RegistryError as exc:
+        raise ImproperlyConfigured(f"INFERENCE_MODELS: {exc}") from exc
+
+
+def _registry_from_aliases() -> Registry:
+    """Today's settings as a registry: every alias on ``INFERENCE_BASE_URL``, one
+    tokenizer, prices from ``MODEL_PRICES``."""
+    tokenizer = TokenizerSpec(
+        settings.TOKENIZER_BACKEND, tuple(sorted(settings.TOKENIZER_OPTIONS.items()))
+    )
+    upstream = settings.INFERENCE_BASE_URL.rstrip("/")
+    entries = {
+        alias: ModelEntry(
+            alias=alias,
+            upstreams=(upstream,),
+            model=str(config["served_name"]),
+            tokenizer=tokenizer,
+            context_window=int(str(config["context_window"]))
+            if config.get("context_window")
+            else None,
+            max_output_tokens=int(str(config["max_output_tokens"])),
+            api_key=settings.INFERENCE_API_KEY or None,
+            reasoning_opened=bool(config.get("reasoning_opened", False)),
+        )
+        for alias, config in settings.MODEL_ALIASES.items()
+    }
+    return Registry(entries=entries, default=settings.DEFAULT_MODEL_ALIAS)
+
+
+@receiver(setting_changed)
+def _settings_changed(**_: Any) -> None:
+    model_registry.cache_clear()
+    _local_breakers.cache_clear()
 
 
 def model_aliases() -> list[str]:
-    return [*settings.MODEL_ALIASES, "auto"]
+    return [*model_registry().entries, AUTO]
 
 
-def model_alias_resolve(*, alias: str | None) -> tuple[str, dict[str, Any]]:
-    """The alias that serves a request naming ``alias`` (``auto`` and none: the default
-    one) and its settings. Usage, prices and responses name the alias that served."""
-    name = settings.DEFAULT_MODEL_ALIAS if alias in (None, "", "auto") else alias
-    config = settings.MODEL_ALIASES.get(name)
-    if config is None:
+def model_alias_resolve(*, alias: str | None) -> ModelEntry:
+    """The entry for ``alias`` (none: the default; ``auto``: the first it routes to)."""
+    registry = model_registry()
+    if alias in (None, ""):
+        return registry.entries[registry.default]
+    if alias == AUTO:
+        return _auto_entries(registry)[0]
+    entry = registry.get(alias)
+    if entry is None:
         raise NotFound(
             f"The model {alias!r} does not exist; use one of {model_aliases()}.",
             code="model_not_found",
             param="model",
         )
-    return name, config
+    return entry
+
+
+def _auto_entries(registry: Registry) -> list[ModelEntry]:
+    found = [entry for alias in AUTO_ALIASES if (entry := registry.get(alias)) is not None]
+    return found or [registry.entries[registry.default]]
 
 
 async def model_resolve(*, alias: str | None) -> ModelSpec:
     """The model an alias names, with its context window (read from the tier, once per
-    process, when the settings leave it out)."""
-    name, config = model_alias_resolve(alias=alias)
-    served_name = str(config["served_name"])
-    window = config.get("context_window")
-    return ModelSpec(
-        alias=name,
-        served_name=served_name,
-        context_window=int(window) if window else await tier_context_window(served_name),
-        max_output_tokens=int(config["max_output_tokens"]),
-        reasoning_opened=bool(config.get("reasoning_opened", False)),
-    )
+    process, when the registry leaves it out)."""
+    return await _spec(model_alias_resolve(alias=alias))
+
+
+async def model_choose(*, alias: str | None) -> ModelChoice:
+    """What may serve a request naming ``alias``: that alias, or for ``auto`` the small
+    and the large model (answer preparation picks by the prompt's size)."""
+    registry = model_registry()
+    entries = _auto_entries(registry) if alias == AUTO else [model_alias_resolve(alias=alias)]
+    specs = tuple([await _spec(entry) for entry in entries])
+    return ModelChoice(requested=alias or registry.default, candidates=specs)
+
+
+async def _spec(entry: ModelEntry) -> ModelSpec:
+    window = entry.context_window or await tier_context_window(entry)
+    return ModelSpec(entry=entry, context_window=window)
 
 
 _windows: dict[tuple[str, str], int] = {}
 
 
-async def tier_context_window(served_name: str) -> int:
-    """The context window the tier reports for ``served_name`` (vLLM's ``max_model_len``,
-    Ollama's ``num_ctx``: see :meth:`inference.OpenAIClient.context_window`)."""
-    key = (settings.INFERENCE_BASE_URL, served_name)
-    if key not in _windows:
+async def tier_context_window(entry: ModelEntry) -> int:
+    """The context window the tier reports for ``entry`` (vLLM's ``max_model_len``,
+    Ollama's ``num_ctx``: see :meth:`inference.OpenAIClient.context_window`), from the
+    first of its upstreams that answers."""
+    for upstream in entry.upstreams:
+        key = (upstream, entry.model)
+        if key in _windows:
+            return _windows[key]
+    failure: InferenceError | None = None
+    for upstream in entry.upstreams:
+        client = inference_client(upstream, api_key=entry.api_key)
         try:
-            window = await inference_client().context_window(served_name)
+            window = await client.context_window(entry.model)
         except InferenceError as exc:
-            raise UpstreamError(f"cannot read the context window from the tier: {exc}") from exc
-        if window is None:
-            raise UpstreamError(
-                f"the tier reports no max_model_len for {served_name!r}; set its context window"
-            )
-        _windows[key] = window
-    return _windows[key]
+            failure = exc
+            continue
+        if window is not None:
+            _windows[(upstream, entry.model)] = window
+            return window
+        raise UpstreamError(
+            f"the tier reports no max_model_len for {entry.model!r}; set its context window"
+        )
+    raise UpstreamError(f"cannot read the context window from the tier: {failure}")
 
 
 def output_tokens_resolve(
@@ -109,19 +231,58 @@ def output_tokens_resolve(
     return max_tokens
 
 
-def tokenizer() -> Tokenizer:
-    """The tokenizer of the served model (loaded once per process, on first use)."""
-    return load_tokenizer(settings.TOKENIZER_BACKEND, **settings.TOKENIZER_OPTIONS)
+def tokenizer(alias: str | None = None) -> Tokenizer:
+    """The tokenizer of the model ``alias`` names (loaded once per process, on first use)."""
+    return model_alias_resolve(alias=alias).tokenizer.load()
 
 
-def inference_client() -> OpenAIClient:
-    """The client every answer on this event loop shares: its connections to the tier stay
-    open between answers (a new client and connection cost milliseconds before the first
-    token). An answer that stops early closes its response, and with it that connection,
-    which is what tells the tier to stop generating."""
+@dataclass(frozen=True)
+class TokenCount:
+    model: str
+    tokens: int
+
+
+def text_count(*, alias: str | None, text: str) -> TokenCount:
+    """``text``'s tokens with the tokenizer of the model ``alias`` names."""
+    entry = model_alias_resolve(alias=alias)
+    return TokenCount(model=entry.alias, tokens=entry.tokenizer.load().count(text) if text else 0)
+
+
+def route_targets(*, spec: ModelSpec, request: ChatRequest, affinity: str) -> list[Target]:
+    """Where to send an answer, in the order to try: the alias's upstreams by rendezvous
+    hashing on ``affinity`` (a conversation keeps its upstream, and the upstream's prefix
+    cache), then its fallback alias's, and so on."""
+    targets = []
+    for entry in model_registry().chain(spec.alias):
+        entry_request = request.for_model(
+            model=entry.model,
+            max_tokens=min(request.max_tokens, entry.max_output_tokens),
+            reasoning_opened=entry.reasoning_opened,
+        )
+        targets.extend(
+            Target(alias=entry.alias, upstream=url, request=entry_request, api_key=entry.api_key)
+            for url in rendezvous_order(affinity, entry.upstreams)
+        )
+    return targets
+
+
+def affinity_key(*, conversation_id: int, opening: str) -> str:
+    """What pins an answer to an upstream: its conversation, or without one (the OpenAI
+    surface keeps none by default) the head of its prompt, which stays the same from turn
+    to turn."""
+    if conversation_id:
+        return f"conversation:{conversation_id}"
+    return "prompt:" + hashlib.blake2b(opening.encode(), digest_size=16).hexdigest()
+
+
+def inference_client(upstream: str, *, api_key: str | None = None) -> OpenAIClient:
+    """The client every answer on this event loop shares for ``upstream``: its connections
+    stay open between answers (a new client and connection cost milliseconds before the
+    first token). An answer that stops early closes its response, and with it that
+    connection, which is what tells the tier to stop generating."""
     return _inference_client(
-        settings.INFERENCE_BASE_URL,
-        api_key=settings.INFERENCE_API_KEY or None,
+        upstream,
+        api_key=api_key,
         timeouts=Timeouts(**settings.INFERENCE_TIMEOUTS),
         retry=Retry(attempts=settings.INFERENCE_RETRY_ATTEMPTS),
     )
@@ -134,13 +295,19 @@ def _inference_client(
     return OpenAIClient(base_url=base_url, api_key=api_key, timeouts=timeouts, retry=retry)
 
 
-def scheduler() -> Scheduler:
-    """The queue in front of the tier: slots leased in Redis when it is configured (shared
-    by every web process), else in this process. One per event loop and configuration."""
+def upstream_capacity(upstream: str) -> int:
+    limit = model_registry().upstreams().get(upstream)
+    return limit or settings.INFERENCE_MAX_CONCURRENCY
+
+
+def scheduler(upstream: str) -> Scheduler:
+    """The queue in front of ``upstream``: slots leased in Redis when it is configured
+    (shared by every web process), else in this process. One per event loop, upstream
+    and configuration."""
     return _scheduler(
         settings.INFERENCE_QUEUE_REDIS_URL,
-        settings.INFERENCE_BASE_URL,
-        capacity=settings.INFERENCE_MAX_CONCURRENCY,
+        upstream,
+        capacity=upstream_capacity(upstream),
         lease_seconds=settings.INFERENCE_QUEUE_LEASE_SECONDS,
         key_prefix=settings.INFERENCE_QUEUE_KEY_PREFIX,
     )
@@ -161,10 +328,35 @@ def _scheduler(
     )
 
 
-async def slot_acquire(*, team: Team) -> Slot:
-    """A slot at the tier for one of ``team``'s requests, served fairly across teams;
+def breaker() -> CircuitBreaker:
+    """The upstreams' circuit breakers: in Redis when configured (every process sees an
+    upstream open at once), else in this process."""
+    policy = BreakerPolicy(
+        failures=settings.INFERENCE_BREAKER_FAILURES, cool_off=settings.INFERENCE_BREAKER_COOL_OFF
+    )
+    url = settings.INFERENCE_BREAKER_REDIS_URL
+    if not url:
+        return CircuitBreaker(store=_local_breakers(), policy=policy)
+    return _redis_breaker(url, policy=policy, key_prefix=settings.INFERENCE_QUEUE_KEY_PREFIX)
+
+
+@functools.cache
+def _local_breakers() -> LocalBreakerStore:
+    return LocalBreakerStore()
+
+
+@loop_cached
+def _redis_breaker(url: str, *, policy: BreakerPolicy, key_prefix: str) -> CircuitBreaker:
+    store = RedisBreakerStore(
+        redis=redis_client(url), key_prefix=key_prefix, ttl=max(3600.0, 10 * policy.cool_off)
+    )
+    return CircuitBreaker(store=store, policy=policy)
+
+
+async def slot_acquire(*, team: Team, upstream: str) -> Slot:
+    """A slot at ``upstream`` for one of ``team``'s requests, served fairly across teams;
     ``QueueFull`` (503 with ``Retry-After``) past ``INFERENCE_QUEUE_TIMEOUT``."""
-    queue = scheduler()
+    queue = scheduler(upstream)
     started = time.monotonic()
     metrics.QUEUE_DEPTH.inc()
     try:
@@ -179,15 +371,16 @@ async def slot_acquire(*, team: Team) -> Slot:
     finally:
         metrics.QUEUE_DEPTH.dec()
         metrics.QUEUE_WAIT.observe(time.monotonic() - started)
-    return Slot(lease)
+    return Slot(lease, upstream=upstream)
 
 
 class Slot:
-    """One request's place at the tier: the scheduler's lease, and the slots-in-use gauge
-    (up when granted, down once released)."""
+    """One request's place at an upstream: the scheduler's lease, and the slots-in-use
+    gauge (up when granted, down once released)."""
 
-    def __init__(self, lease: Lease) -> None:
+    def __init__(self, lease: Lease, *, upstream: str) -> None:
         self._lease = lease
+        self.upstream = upstream
         self.team = lease.team
         self.waited = lease.waited
         self._released = False
@@ -198,3 +391,57 @@ class Slot:
             self._released = True
             metrics.SLOTS_IN_USE.dec()
         await self._lease.release()
+
+
+@dataclass(frozen=True)
+class UpstreamStatus:
+    url: str
+    circuit: str
+    slots_in_use: int | None
+    """None: the queue's store (Redis) cannot be read now."""
+    capacity: int
+
+
+@dataclass(frozen=True)
+class ModelStatus:
+    alias: str
+    model: str
+    context_window: int | None
+    max_output_tokens: int
+    tokenizer: str
+    fallback: str | None
+    upstreams: list[UpstreamStatus]
+
+
+async def model_registry_status() -> list[ModelStatus]:
+    """The registry as the admin sees it: each alias, and each of its upstreams' circuit
+    and slots in use (across processes when both live in Redis; else this process's)."""
+    circuits = breaker()
+    statuses = []
+    for entry in model_registry():
+        upstreams = []
+        for url in entry.upstreams:
+            try:
+                in_use: int | None = await scheduler(url).in_use()
+            except (InferenceError, RedisError):
+                in_use = None
+            upstreams.append(
+                UpstreamStatus(
+                    url=url,
+                    circuit=str(await circuits.state(url)),
+                    slots_in_use=in_use,
+                    capacity=upstream_capacity(url),
+                )
+            )
+        statuses.append(
+            ModelStatus(
+                alias=entry.alias,
+                model=entry.model,
+                context_window=entry.context_window,
+                max_output_tokens=entry.max_output_tokens,
+                tokenizer=entry.tokenizer.backend.rpartition(".")[2],
+                fallback=entry.fallback,
+                upstreams=upstreams,
+            )
+        )
+    return statuses

@@ -1,7 +1,11 @@
 """One generation, from the tier slot to settlement, as a stream of typed events.
 
-:func:`answer_start` takes a slot at the inference tier (a fair queue over teams; 503
-``queue_full`` past the wait limit, before any byte). :func:`answer_events` then streams:
+:func:`answer_start` picks the upstream (the alias's upstreams by affinity to the
+conversation, skipping any whose circuit is open; 502 before any byte when all are) and
+takes a slot there (a fair queue over teams; 503 ``queue_full`` past the wait limit,
+before any byte). Until the first token, a failed upstream hands the answer to the next
+one, then to the fallback alias (:class:`inference.Failover`); the alias that served is
+the one usage, the ledger and the responses name. :func:`answer_events` then streams:
 ``Started``, ``Retrieved``, ``Delta``/``Reasoning``, then ``Failed`` if the tier failed,
 ``UsageReport`` and ``Done`` (always last). Nothing waits on the database before the
 first token: the request to the tier leaves first, the message keys come from a block
@@ -31,7 +35,15 @@ from apps.chat.events import event_store
 from apps.chat.models import Conversation, Message
 from apps.chat.services.cache import CachedAnswer, cached_answer_get, cached_answer_put
 from apps.chat.services.conversations import conversation_create
-from apps.chat.services.models import Slot, inference_client, slot_acquire, tokenizer
+from apps.chat.services.models import (
+    Slot,
+    affinity_key,
+    breaker,
+    inference_client,
+    model_registry,
+    route_targets,
+    slot_acquire,
+)
 from apps.chat.services.prepare import PreparedAnswer
 from apps.chat.services.types import (
     AnswerEvent,
@@ -57,7 +69,18 @@ from apps.usage.budgets import budget_settle, reservation_record
 from apps.usage.models import UsageRecord
 from apps.usage.services import usage_record_chat
 from apps.usage.values import Usage
-from inference import Event, Finished, InferenceError, ReasoningDelta, TextDelta, UpstreamUsage
+from inference import (
+    Event,
+    Failover,
+    Finished,
+    InferenceError,
+    ModelEntry,
+    OpenAIClient,
+    ReasoningDelta,
+    Target,
+    TextDelta,
+    UpstreamUsage,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -83,17 +106,20 @@ async def answer_start(prepared: PreparedAnswer) -> AnswerRun:
         if prepared.cache_key is not None:
             cached = await cached_answer_get(team=prepared.caller.team, key=prepared.cache_key)
         keys = await _Keys.take(prepared)
+        failover: Failover | None = None
         if cached is not None:
             lease: Slot | _Unqueued = _Unqueued()
             prepared = replace(prepared, citations=cached.citations)
         else:
-            lease = await slot_acquire(team=prepared.caller.team)
+            failover = _failover(prepared, keys)
+            target = await failover.first()
+            lease = await slot_acquire(team=prepared.caller.team, upstream=target.upstream)
     except BaseException:
         if prepared.reservation is not None:
             release = db_call(budget_settle)(reservation=prepared.reservation, actual=0)
             await asyncio.shield(release)
         raise
-    run = AnswerRun(prepared, lease=lease, keys=keys, cached=cached)
+    run = AnswerRun(prepared, lease=lease, keys=keys, failover=failover, cached=cached)
     request = asyncio.current_task()
     if request is not None:
         request.add_done_callback(run.request_ended)
@@ -107,6 +133,16 @@ class _Unqueued:
 
     async def release(self) -> None:
         pass
+
+
+def _failover(prepared: PreparedAnswer, keys: _Keys) -> Failover:
+    affinity = affinity_key(conversation_id=keys.conversation_id, opening=prepared.opening)
+    targets = route_targets(spec=prepared.spec, request=prepared.request, affinity=affinity)
+    return Failover(targets, breaker=breaker(), client=_client)
+
+
+def _client(target: Target) -> OpenAIClient:
+    return inference_client(target.upstream, api_key=target.api_key)
 
 
 @dataclass(frozen=True)
@@ -146,12 +182,15 @@ class AnswerRun:
         *,
         lease: Slot | _Unqueued,
         keys: _Keys,
+        failover: Failover | None,
         cached: CachedAnswer | None = None,
     ) -> None:
         self.prepared = prepared
         self.cached = cached
         """The response cache's answer, replayed instead of calling the tier."""
         self.lease = lease
+        self.queued = lease.waited
+        self.failover = failover
         self.message_id = keys.message_id
         self.conversation_id = keys.conversation_id
         self.rows: asyncio.Future[None] | None = None
@@ -162,11 +201,26 @@ class AnswerRun:
         self.journal = _Journal(keep=prepared.store)
         self.entered = False
         self._cancelled: asyncio.Event | None = None
-        self.upstream = _Prefetched(
-            _replayed(cached)
-            if cached is not None
-            else inference_client().stream_chat(prepared.request)
-        )
+        events: AsyncIterator[Event]
+        if failover is not None:
+            events = failover.stream(switch=self._switch)
+        else:  # replayed from the response cache
+            assert cached is not None  # noqa: S101 - answer_start passes one or the other
+            events = _replayed(cached)
+        self.upstream = _Prefetched(events)
+
+    async def _switch(self, target: Target) -> None:
+        """Fallback: this run's slot moves to ``target``'s upstream."""
+        await self.lease.release()
+        self.lease = await slot_acquire(team=self.prepared.caller.team, upstream=target.upstream)
+        self.queued += self.lease.waited
+
+    @property
+    def served(self) -> ModelEntry:
+        """The entry of the alias that served (or was last tried)."""
+        if self.failover is None:  # replayed from the response cache
+            return self.prepared.spec.entry
+        return model_registry().get(self.failover.target.alias) or self.prepared.spec.entry
 
     def request_ended(self, request: asyncio.Task[Any]) -> None:
         """The request's task is over. If its response never began (the client left
@@ -216,7 +270,8 @@ class AnswerRun:
             self.usage = usage_of(
                 self.prepared,
                 self.generation,
-                queued=self.lease.waited,
+                queued=self.queued,
+                served=self.served,
                 cache_hit=self.cached is not None,
             )
             if self.rows is not None:
@@ -426,12 +481,19 @@ async def _replayed(cached: CachedAnswer) -> AsyncIterator[Event]:
 
 
 def usage_of(
-    prepared: PreparedAnswer, generation: _Generation, *, queued: float, cache_hit: bool = False
+    prepared: PreparedAnswer,
+    generation: _Generation,
+    *,
+    queued: float,
+    served: ModelEntry,
+    cache_hit: bool = False,
 ) -> Usage:
-    """The usage block: the tier's own when it sent one, else the exact local count; for
-    a cache hit, no token (nothing was generated: only the query's embedding, charged by
-    the search, was spent)."""
-    count = tokenizer().count
+    """The usage block: the tier's own when it sent one, else the exact local count, with
+    the tokenizer of the alias that served (a fallback alias counts its own prompt); for a
+    cache hit, no token (nothing was generated: only the query's embedding, charged by the
+    search, was spent)."""
+    counter = served.tokenizer.load()
+    count = counter.count
     reasoning_text = "".join(generation.reasoning)
     upstream = generation.upstream
     if cache_hit:
@@ -447,6 +509,8 @@ def usage_of(
             )
     else:
         prompt_tokens, cached_tokens = prepared.prompt.prompt_tokens, 0
+        if served.tokenizer != prepared.spec.entry.tokenizer:
+            prompt_tokens = counter.count_chat(prepared.prompt.messages)
         reasoning_tokens = count(reasoning_text) if reasoning_text else 0
         answer = "".join(generation.text)
         completion_tokens = reasoning_tokens + (count(answer) if answer else 0)
@@ -464,7 +528,7 @@ def usage_of(
         if decode > 0 and not cache_hit
         else None,
         queue_ms=round(queued * 1000),
-        model=prepared.spec.alias,
+        model=served.alias,
         source="upstream" if upstream is not None else "counted",
         cache_hit=cache_hit,
     )
@@ -527,11 +591,16 @@ def _save(run: AnswerRun, *, rows_written: bool) -> None:
     if prepared.reservation is not None:
         budget_settle(reservation=prepared.reservation, actual=usage.total_tokens)
     error = Failed(error=run.error).data() if run.error is not None else None
+    served = run.served
     usage_record_chat(
         team=caller.team,
         api_key=caller.api_key,
         user=caller.user,
-        model=prepared.spec.alias,
+        model=served.alias,
+        requested_model=prepared.requested or prepared.spec.alias,
+        upstream=run.failover.target.upstream if run.failover is not None else "",
+        price=served.price,
+        energy=served.energy,
         usage=usage,
         status=LEDGER_STATUS[run.status],
         error_code=run.error.code if run.error else "",
@@ -546,6 +615,8 @@ def _save(run: AnswerRun, *, rows_written: bool) -> None:
         error=error,
         finish_reason=generation.finish_reason or "stop",
         usage_source=usage.source,
+        model=served.alias,
+        served_model=served.model,
         **usage.columns(),
     )
 

@@ -40,9 +40,9 @@ def test_three_questions_cite_their_document_with_exact_prompt_tokens(
     sent: list[list[dict[str, str]]] = []
     original = inference_client.OpenAIClient.stream_chat
 
-    def recording(self: Any, request: Any) -> Any:
+    def recording(self: Any, request: Any, **options: Any) -> Any:
         sent.append(list(request.messages))
-        return original(self, request)
+        return original(self, request, **options)
 
     monkeypatch.setattr(inference_client.OpenAIClient, "stream_chat", recording)
     for item in QUESTIONS[:3]:

@@ -224,7 +224,7 @@ async def test_a_response_never_begun_settles_and_frees_its_slot(
     the run: the tier request closes, the slot is free, nothing stays reserved."""
     from apps.accounts.selectors import caller_for
     from apps.chat.models import Message
-    from apps.chat.services import answer_prepare, answer_start, model_resolve
+    from apps.chat.services import answer_prepare, answer_start, model_choose
     from apps.chat.services.models import slot_acquire
     from apps.core.aio import db_call
 
@@ -235,7 +235,7 @@ async def test_a_response_never_begun_settles_and_frees_its_slot(
         caller=caller,
         conversation=None,
         content="Hi",
-        spec=await model_resolve(alias=None),
+        model=await model_choose(alias=None),
         rag=False,
     )
     assert prepared.reservation is not None
@@ -249,7 +249,7 @@ async def test_a_response_never_begun_settles_and_frees_its_slot(
             break
         await asyncio.sleep(0.02)
     async with asyncio.timeout(5):
-        lease = await slot_acquire(team=issued_key.api_key.team)  # the one slot is free
+        lease = await slot_acquire(team=issued_key.api_key.team, upstream=upstream.base_url)
     await lease.release()
     message = await Message.objects.aget(role=Message.Role.ASSISTANT)
     assert message.status == Message.Status.CANCELLED

@@ -1,0 +1,20 @@
+"""System checks: a registry that cannot be read stops ``manage.py`` commands (migrate,
+runserver, check) with the field at fault, instead of failing the first answer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.checks import CheckMessage, Error, register
+from django.core.exceptions import ImproperlyConfigured
+
+from apps.chat.services.models import model_registry
+
+
+@register("inference")
+def model_registry_check(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    try:
+        model_registry()
+    except ImproperlyConfigured as exc:
+        return [Error(str(exc), hint="See config/settings/inference.py.", id="chat.E001")]
+    return []
