@@ -40,7 +40,7 @@ from apps.core.aio import AsyncApiView, db_call
 from apps.core.idempotency import (
     REPLAYED_HEADER,
     idempotency_release,
-    idempotency_request_claim,
+    idempotency_request_aclaim,
 )
 from apps.core.models import IdempotencyKey
 from apps.core.pagination import Pagination
@@ -266,9 +266,7 @@ class ConversationMessageCreateApi(AsyncApiView):
         caller = get_caller(request)
         data = validated(self.InputSerializer, request)
         stream = data["stream"] or "text/event-stream" in request.headers.get("Accept", "")
-        claim = await db_call(idempotency_request_claim)(
-            request=request, team=caller.team, body=data
-        )
+        claim = await idempotency_request_aclaim(request=request, team=caller.team, body=data)
         if claim is not None and claim.status == IdempotencyKey.Status.COMPLETE:
             return await message_replay(caller=caller, claim=claim, stream=stream)
         try:

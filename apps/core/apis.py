@@ -61,15 +61,25 @@ def _check_database() -> str:
 
 
 async def _check_inference() -> str:
-    """The tier answers its model list (with the app's API key) within the timeout."""
-    from apps.chat.services.models import inference_client
+    """Every model alias has an upstream that answers its model list (with the alias's API
+    key) within the timeout."""
+    from apps.chat.services.models import inference_client, model_registry
 
-    try:
-        async with asyncio.timeout(settings.READINESS_INFERENCE_TIMEOUT):
-            await inference_client().models()
-    except (TimeoutError, inference.InferenceError) as exc:
-        logger.warning("readiness: inference tier: %s", type(exc).__name__)
-        return f"error: {type(exc).__name__}"
+    for entry in model_registry():
+        failure: BaseException | None = None
+        for upstream in entry.upstreams:
+            try:
+                async with asyncio.timeout(settings.READINESS_INFERENCE_TIMEOUT):
+                    await inference_client(upstream, api_key=entry.api_key).models()
+            except (TimeoutError, inference.InferenceError) as exc:
+                failure = exc
+                continue
+            failure = None
+            break
+        if failure is not None:
+            reason = type(failure).__name__
+            logger.warning("readiness: inference tier (%s): %s", entry.alias, reason)
+            return f"error: {entry.alias}: {reason}"
     return "ok"
 
 

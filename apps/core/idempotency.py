@@ -24,6 +24,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from apps.accounts.models import Team
+from apps.core.aio import db_call
 from apps.core.exceptions import IdempotencyInProgress, IdempotencyKeyReused, InvalidRequest
 from apps.core.models import IdempotencyKey
 
@@ -163,6 +164,16 @@ def idempotency_request_claim(*, request: Any, team: Team, body: Any) -> Idempot
         return None
     fingerprint = idempotency_fingerprint(method=request.method, path=request.path, body=body)
     return idempotency_claim(team=team, key=key, fingerprint=fingerprint)
+
+
+async def idempotency_request_aclaim(
+    *, request: Any, team: Team, body: Any
+) -> IdempotencyKey | None:
+    """:func:`idempotency_request_claim` from async code: a request with no
+    ``Idempotency-Key`` (nearly all) costs no trip to the database pool."""
+    if idempotency_key_of(request.headers) is None:
+        return None
+    return await db_call(idempotency_request_claim)(request=request, team=team, body=body)
 
 
 @contextmanager

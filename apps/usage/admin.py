@@ -2,17 +2,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from asgiref.sync import async_to_sync
 from django.contrib import admin
+from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.forms import ModelForm
-from asgiref.sync import async_to_sync
-from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path
 
-from apps.core.audit import Actor
 from apps.chat.services.models import model_registry_status
+from apps.core.audit import Actor
 from apps.usage.models import Limit, UsageRecord
 from apps.usage.services import limit_delete, limit_save
 
