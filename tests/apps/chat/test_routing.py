@@ -254,7 +254,10 @@ def test_the_admin_page_lists_the_registry_with_circuits_and_slots(
 
     from apps.chat.services.models import breaker
 
-    async_to_sync(breaker().failure)(tier.a.base_url)
+    async def fail() -> None:  # the breaker (and its Redis client) belong to a loop
+        await breaker().failure(tier.a.base_url)
+
+    async_to_sync(fail)()
     page = admin_client.get("/admin/usage/usagerecord/models/")
     assert page.status_code == 200
     html = page.content.decode()
