@@ -1,10 +1,11 @@
 """What a collection's keyword index costs: build, write, read and search at 10k / 100k chunks.
 
 What is measured
-    bm25s has no incremental add, so every index write (a document ingested, deleted or
-    re-ingested) rebuilds the collection's postings from its chunk texts:
+    What building a collection's whole keyword index costs (a rebuild or ``index_check
+    --repair``; a document added writes a delta of its own chunks only, and compaction
+    merges postings without tokenising again, see ``bench/index_write.py``):
     ``retrieval.KeywordIndex.build`` (tokenise with stop words and Snowball stems, then
-    BM25 scoring into a sparse matrix), ``write`` (atomic folder, fsynced) and ``read``,
+    count the postings), ``write`` (atomic folder, fsynced) and ``read``,
     plus the query latency of ``search`` (p50 / p99, unfiltered and with a filter of 100
     allowed chunks) and the index's size on disk.
 

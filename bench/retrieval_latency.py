@@ -10,7 +10,7 @@ What is measured
                fetches the chunk rows (with their documents) from the DB.
     embed      the query embedding alone: ``embedder().embed([text])``.
     after      what ``chunk_search`` does besides embedding, replicated with the same calls on
-               an already embedded query: collection read, usage row, ``index_store().load``
+               an already embedded query: collection read, usage row, ``collection_index_load``
                + search, ``Chunk.objects.select_related("document").in_bulk``. Its parts are
                timed too (collections, usage row, load + search, fetch).
     wrapper    ``retrieval.VectorIndex.search(vector, 10)`` on the very index object the app
@@ -110,6 +110,9 @@ def setup_django(data_dir: Path, database_url: str | None) -> None:
         os.environ.pop("DATABASE_URL", None)
     os.environ.setdefault("LOG_LEVEL", "WARNING")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    # The exact kind unless told otherwise, so that runs compare with earlier ones (the
+    # product's default, auto, builds HNSW from 50k vectors).
+    os.environ.setdefault("VECTOR_INDEX_KIND", "flat")
 
     import django
     from django.core.management import call_command
@@ -204,13 +207,12 @@ def measure(fixture: Fixture, *, rounds: int, warmup: int, seed: int) -> Timings
     from apps.accounts.selectors import Caller
     from apps.knowledge.models import Chunk
     from apps.knowledge.selectors import collection_list_readable
-    from apps.knowledge.services import chunk_search, embedder, index_store
+    from apps.knowledge.services import chunk_search, collection_index_load, embedder
     from apps.usage.services import usage_record_embedding
     from retrieval import Hit
 
     caller = Caller(fixture.team, None, None, frozenset({"read"}))
     model = embedder()
-    store = index_store()
 
     def after_embedding(vector: npt.NDArray[np.float32], tokens: int, timings: Timings) -> int:
         """``chunk_search`` minus its ``embed`` call, step by step."""
@@ -229,7 +231,7 @@ def measure(fixture: Fixture, *, rounds: int, warmup: int, seed: int) -> Timings
         hits: list[Hit] = []
         for collection in collections:
             if collection.index_version:
-                index = store.load(collection.index_key, collection.index_version)
+                index = collection_index_load(collection)
                 hits.extend(index.search(vector, TOP_K)[0])
         hits.sort(key=lambda hit: hit.score, reverse=True)
         best = hits[:TOP_K]
@@ -248,11 +250,12 @@ def measure(fixture: Fixture, *, rounds: int, warmup: int, seed: int) -> Timings
         timings.add("  fetch rows", finished - t_search)
         return len(found)
 
-    index = store.load(fixture.collection.index_key, fixture.collection.index_version)
+    index = collection_index_load(fixture.collection)
     # The object VectorIndex.search calls into: the GPU copy when there is one, else the CPU one.
-    raw_index: Any = getattr(index, "_searchable", None)
+    base = index.segments[0].vectors
+    raw_index: Any = getattr(base, "_searchable", None)
     if raw_index is None:
-        raw_index = index._raw
+        raw_index = base._raw
     if len(index) != fixture.size:
         raise RuntimeError(f"index holds {len(index)} vectors, expected {fixture.size}")
 

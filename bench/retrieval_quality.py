@@ -14,7 +14,7 @@ What is measured
     query is embedded with the same model and searched; a document scores as its best chunk.
 
     keyword: the same chunks' ``embedding_text`` (title, headings, text: what ingestion
-    indexes) in a ``retrieval.KeywordIndex`` (bm25s, Lucene BM25 with English stop words
+    indexes) in a ``retrieval.KeywordIndex`` (bm25s's Lucene BM25, English stop words
     and Snowball stems), searched with each claim's text.
 
     hybrid: ``retrieval.reciprocal_rank_fusion`` (k = 60) of the dense and keyword chunk

@@ -24,12 +24,13 @@ from retrieval.fusion import FUSION_DEPTH, RRF_K, fusion_depth, reciprocal_rank_
 from retrieval.hits import Hit
 from retrieval.index import (
     IndexKind,
-    IndexStore,
+    IndexPolicy,
     VectorIndex,
     gpu_count,
+    kind_for_size,
     set_search_threads,
 )
-from retrieval.keyword import KeywordIndex, keyword_tokens
+from retrieval.keyword import KeywordIndex, KeywordSearcher, keyword_tokens
 from retrieval.parsing import (
     MEDIA_TYPES,
     Block,
@@ -38,6 +39,7 @@ from retrieval.parsing import (
     parse_document,
     pdf_page_count,
 )
+from retrieval.store import IndexState, IndexStore, Segment, SegmentedIndex, remove_entry
 
 __all__ = [
     "FUSION_DEPTH",
@@ -53,10 +55,15 @@ __all__ = [
     "Hit",
     "IndexCorrupted",
     "IndexKind",
+    "IndexPolicy",
+    "IndexState",
     "IndexStore",
     "KeywordIndex",
+    "KeywordSearcher",
     "ParsedDocument",
     "RetrievalError",
+    "Segment",
+    "SegmentedIndex",
     "SentenceTransformerEmbedder",
     "UnsupportedDocument",
     "VectorIndex",
@@ -67,9 +74,11 @@ __all__ = [
     "fusion_depth",
     "gpu_count",
     "keyword_tokens",
+    "kind_for_size",
     "load_embedder",
     "parse_document",
     "pdf_page_count",
     "reciprocal_rank_fusion",
+    "remove_entry",
     "set_search_threads",
 ]

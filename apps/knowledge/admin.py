@@ -10,10 +10,10 @@ from apps.knowledge.services import document_reingest
 
 @admin.register(Collection)
 class CollectionAdmin(admin.ModelAdmin):
-    list_display = ["name", "team", "index_version", "created_at"]
+    list_display = ["name", "team", "index_base", "index_version", "created_at"]
     list_filter = ["team"]
     search_fields = ["name", "team__name"]
-    readonly_fields = ["index_version", "created_at"]
+    readonly_fields = ["index_base", "index_version", "created_at"]
 
 
 @admin.register(Document)

@@ -7,9 +7,10 @@ from apps.usage.models import Reservation
 
 
 class Collection(models.Model):
-    """A team's set of documents, with one FAISS index of its own.
+    """A team's set of documents, with one index of its own (vectors and keywords).
 
-    ``index_version`` names the index file that holds this collection's vectors; it moves
+    ``index_base`` and ``index_version`` name the live index segments: the base made at
+    ``index_base`` and a delta for every version after it (``retrieval.store``). They move
     in the same transaction that changes the chunks, so web processes can tell when to
     reload and a rolled-back write never becomes visible.
     """
@@ -18,6 +19,7 @@ class Collection(models.Model):
     name = models.CharField(max_length=200)
     description = models.TextField(blank=True)
     index_version = models.PositiveIntegerField(default=0, editable=False)
+    index_base = models.PositiveIntegerField(default=0, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from celery import shared_task
+from django.conf import settings
 from django.db import InterfaceError, OperationalError
 
+from apps.knowledge.services.indexing import collection_index_compact, collections_compact
 from apps.knowledge.services.ingestion import documents_requeue_stalled, ingestion_stage_run
 
 # Transient: the database restarting or a connection dropped. Everything else is a bug or
@@ -45,3 +47,25 @@ def document_index(document_id: int) -> None:
 @shared_task
 def documents_requeue_stalled_task() -> None:
     documents_requeue_stalled()
+
+
+# A compaction may rebuild a large graph (HNSW: ~45 s at 100k vectors on 2 cores, minutes
+# past 1M), far past an ingestion stage's limits; a killed one leaves only an orphan file.
+@shared_task(
+    autoretry_for=TRANSIENT,
+    retry_backoff=True,
+    retry_jitter=True,
+    max_retries=5,
+    time_limit=settings.INDEX_COMPACT_TIME_LIMIT,
+    soft_time_limit=settings.INDEX_COMPACT_TIME_LIMIT - 30,
+)
+def collection_index_compact_task(collection_id: int) -> None:
+    collection_index_compact(collection_id=collection_id)
+
+
+@shared_task(
+    time_limit=settings.INDEX_COMPACT_TIME_LIMIT,
+    soft_time_limit=settings.INDEX_COMPACT_TIME_LIMIT - 30,
+)
+def indexes_compact_task() -> None:
+    collections_compact()

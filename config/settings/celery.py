@@ -10,6 +10,7 @@ it, and the stalled sweep re-queues its document.)
 
 from config.env import DATA_DIR, env
 from config.settings.redis import REDIS_CONNECT_TIMEOUT, REDIS_SOCKET_TIMEOUT
+from config.settings.retrieval import INDEX_COMPACT_SECONDS
 
 REDIS_URL = env.str("REDIS_URL", default="")
 
@@ -87,6 +88,12 @@ DOCUMENT_STALL_SECONDS = env.int(
 DOCUMENT_MAX_ATTEMPTS = env.int("DOCUMENT_MAX_ATTEMPTS", default=3)
 
 CELERY_BEAT_SCHEDULE = {
+    # Index deltas merged into their base where due (after bursts of writes too small to
+    # trigger it, or deletes past the tombstone share).
+    "indexes-compact": {
+        "task": "apps.knowledge.tasks.indexes_compact_task",
+        "schedule": INDEX_COMPACT_SECONDS,
+    },
     "documents-requeue-stalled": {
         "task": "apps.knowledge.tasks.documents_requeue_stalled_task",
         "schedule": 60.0,

@@ -13,7 +13,21 @@ EMBEDDER_OPTIONS: dict[str, object] = {
 # Must match the model (all-MiniLM-L6-v2: 384); checked when the model loads. Known up
 # front so that index work never loads a model just to learn it.
 EMBEDDING_DIMENSION = env.int("EMBEDDING_DIMENSION", default=384)
-VECTOR_INDEX_KIND = env.str("VECTOR_INDEX_KIND", default="flat")
+# flat, hnsw, ivf, or auto: flat, then HNSW, then IVF as a collection grows
+# (retrieval.index.kind_for_size; docs/scaling.md has the measurements behind it).
+VECTOR_INDEX_KIND = env.str("VECTOR_INDEX_KIND", default="auto")
+# IVF lists as PQ codes of this many bytes per vector (0: the vectors themselves).
+VECTOR_INDEX_PQ_M = env.int("VECTOR_INDEX_PQ_M", default=0)
+# What each process may keep of loaded index segments, least recently used evicted first
+# (0: no bound). A collection bigger than the bound is still served, alone.
+INDEX_CACHE_BYTES = env.int("INDEX_CACHE_BYTES", default=2 * 1024**3)
+# Compaction merges a collection's deltas into its base past this many deltas, or past
+# this share of deleted (tombstoned) vectors; the beat looks every INDEX_COMPACT_SECONDS.
+INDEX_COMPACT_DELTAS = env.int("INDEX_COMPACT_DELTAS", default=32)
+INDEX_COMPACT_TOMBSTONE_RATIO = env.float("INDEX_COMPACT_TOMBSTONE_RATIO", default=0.2)
+INDEX_COMPACT_SECONDS = env.float("INDEX_COMPACT_SECONDS", default=600.0)
+# A compaction task's hard time limit: it may build a whole HNSW or IVF index.
+INDEX_COMPACT_TIME_LIMIT = env.int("INDEX_COMPACT_TIME_LIMIT", default=3600)
 # Single-query search is faster on one OpenMP thread than on two here (bench/).
 FAISS_THREADS = env.int("FAISS_THREADS", default=1)
 INDEX_DIR = DATA_DIR / "indexes"

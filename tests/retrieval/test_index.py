@@ -3,7 +3,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from retrieval import FakeEmbedder, IndexCorrupted, IndexStore, VectorIndex
+from retrieval import FakeEmbedder, IndexCorrupted, VectorIndex
 
 DIM = 384
 
@@ -53,32 +53,6 @@ def test_write_is_atomic_and_round_trips(tmp_path: Path) -> None:
         VectorIndex.read(path, dimension=DIM)
 
 
-def test_store_versions_cache_and_prune(tmp_path: Path) -> None:
-    store = IndexStore(tmp_path, dimension=DIM)
-    assert len(store.load("7", 0)) == 0
-    first = store.load_copy("7", 0)
-    first.add(np.array([1]), vectors(1))
-    store.save("7", 1, first)
-    second = store.load_copy("7", 1)
-    assert second is not first and len(second) == 1
-    second.add(np.array([2]), vectors(1, seed=1))
-    store.save("7", 2, second)
-    store.save("7", 3, second)
-    store.prune("7", keep_from=2)
-    assert sorted(p.name for p in (tmp_path / "7").iterdir()) == [
-        "0000000002.faiss",
-        "0000000003.faiss",
-    ]
-    # Another process's store sees version 2 from disk, not a cache.
-    fresh = IndexStore(tmp_path, dimension=DIM)
-    assert len(fresh.load("7", 2)) == 2
-    assert fresh.load("7", 2) is fresh.load("7", 2)
-    with pytest.raises(IndexCorrupted):
-        fresh.load("7", 1)
-    store.drop("7")
-    assert not (tmp_path / "7").exists()
-
-
 def test_fake_embedder_is_deterministic_normalised_and_lexical() -> None:
     embedder = FakeEmbedder()
     a = embedder.embed(["the cat sat", "the cat sat", "quantum chromodynamics"])
@@ -101,29 +75,3 @@ def test_a_filter_applies_inside_the_search_not_after_the_top_k(kind: str) -> No
     assert sorted(hit.id for hit in found) == sorted(far)
     assert [hit.id for hit in found] == [i for i in ranked if i in far]
     assert index.search(query, 3, allowed=np.array([], dtype=np.int64)) == [[]]
-
-
-def test_store_versions_the_keyword_index_with_the_vectors(tmp_path: Path) -> None:
-    from retrieval import KeywordIndex
-
-    store = IndexStore(tmp_path, dimension=DIM)
-    assert len(store.load_keyword("7", 0)) == 0
-    for version in (1, 2, 3):
-        index = VectorIndex(DIM)
-        index.add(np.arange(version, dtype=np.int64), vectors(version))
-        keyword = KeywordIndex.build(list(range(version)), ["alpha beta"] * version)
-        store.save("7", version, index, keyword=keyword)
-    assert store.load_keyword("7", 3) is store.load_keyword("7", 3)
-    store.prune("7", keep_from=2)
-    assert sorted(p.name for p in (tmp_path / "7").iterdir()) == [
-        "0000000002.bm25",
-        "0000000002.faiss",
-        "0000000003.bm25",
-        "0000000003.faiss",
-    ]
-    fresh = IndexStore(tmp_path, dimension=DIM)
-    assert sorted(fresh.load_keyword("7", 2).ids()) == [0, 1]
-    with pytest.raises(IndexCorrupted, match="index_check --repair"):
-        fresh.load_keyword("7", 1)
-    store.drop("7")
-    assert not (tmp_path / "7").exists()

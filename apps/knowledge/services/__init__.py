@@ -8,7 +8,16 @@ from apps.knowledge.services.documents import (
     document_delete,
     document_reingest,
 )
-from apps.knowledge.services.indexing import collection_index_rebuild, embedder, index_store
+from apps.knowledge.services.indexing import (
+    collection_index_compact,
+    collection_index_load,
+    collection_index_rebuild,
+    collection_index_sweep,
+    collections_compact,
+    embedder,
+    index_state,
+    index_store,
+)
 from apps.knowledge.services.ingestion import (
     STAGE_FUNCTIONS,
     document_fail,
@@ -36,7 +45,11 @@ __all__ = [
     "chunk_search",
     "collection_create",
     "collection_delete",
+    "collection_index_compact",
+    "collection_index_load",
     "collection_index_rebuild",
+    "collection_index_sweep",
+    "collections_compact",
     "document_create_from_file",
     "document_create_from_text",
     "document_delete",
@@ -45,6 +58,7 @@ __all__ = [
     "document_reingest",
     "documents_requeue_stalled",
     "embedder",
+    "index_state",
     "index_store",
     "ingestion_enqueue",
 ]

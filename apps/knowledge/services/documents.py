@@ -16,9 +16,9 @@ from apps.core.crypto import encrypt_bytes
 from apps.core.exceptions import InvalidRequest, PayloadTooLarge, UnsupportedFileType
 from apps.core.response_cache import response_cache_purge
 from apps.knowledge.models import Chunk, Collection, Document
-from apps.knowledge.services.indexing import collection_index_write
+from apps.knowledge.services.indexing import collection_index_append, index_store
 from apps.knowledge.services.ingestion import document_release, ingestion_enqueue
-from retrieval import UnsupportedDocument, VectorIndex, detect_media_type, pdf_page_count
+from retrieval import UnsupportedDocument, detect_media_type, pdf_page_count
 from retrieval.parsing import MARKDOWN, PDF, TEXT
 
 logger = logging.getLogger(__name__)
@@ -182,18 +182,22 @@ def document_delete(*, document: Document) -> None:
         document_release(document=current)
         chunk_ids = list(Chunk.objects.filter(document=document).values_list("pk", flat=True))
         if chunk_ids and current.status == Document.Status.INDEXED:
-            collection_index_write(
-                collection_id=document.collection_id,
-                mutate=lambda index: _remove(index, chunk_ids),
-            )
+            _index_delete(collection_id=document.collection_id, chunk_ids=chunk_ids)
         document.delete()
         transaction.on_commit(lambda: source.delete(save=False))
         # Its index version moved, so cached answers quoting it miss; drop them too.
         transaction.on_commit(lambda: response_cache_purge(team_id=document.team_id))
 
 
-def _remove(index: VectorIndex, chunk_ids: list[int]) -> None:
-    index.remove(np.array(chunk_ids, dtype=np.int64))
+def _index_delete(*, collection_id: int, chunk_ids: list[int]) -> None:
+    """Tombstones for the chunks, in a delta of their own."""
+    dimension = index_store().dimension
+    collection_index_append(
+        collection_id=collection_id,
+        ids=np.zeros(0, dtype=np.int64),
+        vectors=np.zeros((0, dimension), dtype=np.float32),
+        tombstones=np.array(chunk_ids, dtype=np.int64),
+    )
 
 
 def document_reingest(*, document: Document) -> Document:
@@ -202,10 +206,7 @@ def document_reingest(*, document: Document) -> Document:
         document = Document.objects.select_for_update().get(pk=document.pk)
         chunk_ids = list(Chunk.objects.filter(document=document).values_list("pk", flat=True))
         if chunk_ids and document.status == Document.Status.INDEXED:
-            collection_index_write(
-                collection_id=document.collection_id,
-                mutate=lambda index: _remove(index, chunk_ids),
-            )
+            _index_delete(collection_id=document.collection_id, chunk_ids=chunk_ids)
         Chunk.objects.filter(document=document).delete()
         document_release(document=document)
         document.reservation = None  # a new run reserves afresh

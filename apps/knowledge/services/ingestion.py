@@ -49,7 +49,7 @@ from django.utils import timezone
 
 from apps.core.crypto import decrypt_bytes
 from apps.knowledge.models import Chunk, Document
-from apps.knowledge.services.indexing import chunk_vectors, collection_index_write, embedder
+from apps.knowledge.services.indexing import chunk_vectors, collection_index_append, embedder
 from apps.usage.budgets import RateLimited, budget_reserve, budget_settle
 from apps.usage.models import Reservation, UsageRecord
 from apps.usage.services import usage_record_embedding
@@ -59,7 +59,6 @@ from retrieval import (
     ParsedDocument,
     RetrievalError,
     UnsupportedDocument,
-    VectorIndex,
     chunk_document,
     embedding_text,
     parse_document,
@@ -523,11 +522,12 @@ def _index(document_id: int) -> None:
         chunks = Chunk.objects.filter(document=document).only("pk", "embedding")
         ids, vectors = chunk_vectors(chunks)
 
-        def add(index: VectorIndex) -> None:
-            index.remove(ids)  # a re-delivered stage must not add twice
-            index.add(ids, vectors)
-
-        collection_index_write(collection_id=document.collection_id, mutate=add)
+        collection_index_append(
+            collection_id=document.collection_id,
+            ids=ids,
+            vectors=vectors,
+            tombstones=ids,  # a re-delivered stage must not add twice
+        )
         _advance(document, Stage.DONE, indexed_at=timezone.now())
 
 

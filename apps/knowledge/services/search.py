@@ -8,9 +8,8 @@ the dense part embeds the query, so only it is charged: keyword search costs no 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal, TypeVar
+from typing import Literal
 
 import numpy as np
 from django.db import transaction
@@ -18,11 +17,11 @@ from django.db import transaction
 from apps.accounts.selectors import Caller
 from apps.knowledge.models import Chunk, Collection, Document
 from apps.knowledge.selectors import collection_list_readable
-from apps.knowledge.services.indexing import embedder, index_store, keyword_index_build
+from apps.knowledge.services.indexing import collection_index_load, embedder
 from apps.usage.budgets import budget_reserve, budget_settle, limits_cache
 from apps.usage.models import UsageRecord
 from apps.usage.services import usage_record_embedding
-from retrieval import Hit, IndexCorrupted, KeywordIndex, fusion_depth, reciprocal_rank_fusion
+from retrieval import Hit, IndexCorrupted, SegmentedIndex, fusion_depth, reciprocal_rank_fusion
 
 logger = logging.getLogger(__name__)
 
@@ -31,8 +30,6 @@ SNIPPET_CHARS = 300
 SearchMode = Literal["hybrid", "dense", "keyword"]
 SEARCH_MODES: tuple[SearchMode, ...] = ("hybrid", "dense", "keyword")
 DEFAULT_SEARCH_MODE: SearchMode = "hybrid"
-
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -160,7 +157,7 @@ def _dense_search(
         embedded = model.embed([query])
         hits: list[Hit] = []
         for collection in collections:
-            index = _loaded(collection, index_store().load)
+            index = _loaded(collection)
             subset = None if allowed is None else allowed[collection.pk]
             hits.extend(index.search(embedded.vectors, k, allowed=subset)[0])
     except BaseException:
@@ -188,38 +185,16 @@ def _keyword_search(
     """Search each collection's BM25 index; no model runs, nothing is charged."""
     hits: list[Hit] = []
     for collection in collections:
-        index = _keyword_index_for(collection)
         subset = None if allowed is None else allowed[collection.pk]
-        hits.extend(index.search(query, k, allowed=subset))
+        hits.extend(_loaded(collection).keyword_search(query, k, allowed=subset))
     hits.sort(key=lambda hit: (-hit.score, hit.id))
     return hits[:k]
 
 
-def _keyword_index_for(collection: Collection) -> KeywordIndex:
-    """The collection's keyword index; one indexed before keyword indexes existed gets its
-    index built once, from the database, for the chunks its current vector index holds
-    (as ``index_check --repair`` would), so an upgrade needs no manual step."""
-    store = index_store()
+def _loaded(collection: Collection) -> SegmentedIndex:
     try:
-        return _loaded(collection, store.load_keyword)
+        return collection_index_load(collection)
     except IndexCorrupted:
-        vectors = _loaded(collection, store.load)
-        if not store.path(collection.index_key, collection.index_version).exists():
-            raise
-        logger.warning(
-            "collection %s: no keyword index at version %s; building it from the database",
-            collection.pk,
-            collection.index_version,
-        )
-        keyword = keyword_index_build(collection_id=collection.pk, ids=vectors.ids())
-        keyword.write(store.keyword_path(collection.index_key, collection.index_version))
-        return _loaded(collection, store.load_keyword)
-
-
-def _loaded(collection: Collection, load: Callable[[str, int], T]) -> T:
-    try:
-        return load(collection.index_key, collection.index_version)
-    except IndexCorrupted:
-        # Two writes since this request read the row may have pruned its version.
-        collection.refresh_from_db(fields=["index_version"])
-        return load(collection.index_key, collection.index_version)
+        # A compaction since this request read the row may have pruned its segments.
+        collection.refresh_from_db(fields=["index_base", "index_version"])
+        return collection_index_load(collection)

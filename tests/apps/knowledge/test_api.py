@@ -8,7 +8,7 @@ from rest_framework.test import APIClient
 
 from apps.accounts.models import Team
 from apps.knowledge.models import Chunk, Collection, Document
-from apps.knowledge.services import index_store
+from apps.knowledge.services import collection_index_load
 from apps.usage.models import UsageRecord
 from apps.usage.selectors import usage_tokens_total
 from tests.apps.accounts.test_auth import error_of
@@ -76,7 +76,7 @@ def test_upload_ingest_search_delete(api: APIClient, team: Team) -> None:
     assert api.delete(f"/api/v1/documents/{queued['id']}").status_code == 204
     assert not Chunk.objects.filter(document_id=queued["id"]).exists()
     collection = Collection.objects.get(pk=collection_id)
-    index = index_store().load(collection.index_key, collection.index_version)
+    index = collection_index_load(collection)
     assert len(index) == Chunk.objects.filter(collection=collection).count() == 1
     results = api.post("/api/v1/search", {"query": "cats sleep"}, format="json").json()["results"]
     assert all(r["document_id"] != queued["id"] for r in results)

@@ -1,5 +1,6 @@
 """The pipeline's stages: idempotent under re-delivery, stalled documents swept, drift repaired."""
 
+import shutil
 from datetime import timedelta
 from io import StringIO
 from pathlib import Path
@@ -13,11 +14,14 @@ from apps.accounts.models import Team
 from apps.knowledge.models import Chunk, Collection, Document
 from apps.knowledge.services import (
     STAGE_FUNCTIONS,
+    collection_index_compact,
+    collection_index_load,
     document_create_from_text,
     document_delete,
     document_ingest,
     document_reingest,
     documents_requeue_stalled,
+    index_state,
     index_store,
 )
 from apps.usage.models import UsageRecord
@@ -32,7 +36,7 @@ TEXT = "\n\n".join(
 
 def index_size(collection: Collection) -> int:
     collection.refresh_from_db()
-    return len(index_store().load_copy(collection.index_key, collection.index_version))
+    return len(index_store().read_state(collection.index_key, index_state(collection)))
 
 
 def accepted(team: Team) -> Document:
@@ -114,7 +118,7 @@ def test_reingest_replaces_chunks_and_vectors(team: Team) -> None:
     assert len(new_chunks) == 6 and not old_chunks & new_chunks
     collection = document.collection
     collection.refresh_from_db()
-    ids = index_store().load(collection.index_key, collection.index_version).ids()
+    ids = collection_index_load(collection).ids()
     assert set(ids.tolist()) == new_chunks
 
 
@@ -127,7 +131,7 @@ def test_index_check_reports_drift_and_repairs_it(team: Team, settings: object) 
 
     collection = document.collection
     collection.refresh_from_db()
-    Path(index_store().path(collection.index_key, collection.index_version)).unlink()
+    shutil.rmtree(index_store().delta_path(collection.index_key, collection.index_version))
     with pytest.raises(CommandError, match="1 collection"):
         call_command("index_check", stdout=StringIO())
     out = StringIO()
@@ -162,9 +166,11 @@ def test_hnsw_by_setting_supports_delete_and_search(team: Team, settings: object
     keep = factories.document(collection=collection, title="Keep", text="Jupiter is large.")
     drop = factories.document(collection=collection, title="Drop", text="Mercury is small.")
     document_delete(document=drop)
+    # Writes append flat deltas; compaction builds the base as the setting says.
+    assert collection_index_compact(collection_id=collection.pk, force=True)
     collection.refresh_from_db()
-    index = index_store().load(collection.index_key, collection.index_version)
-    assert index.kind == "hnsw"
+    index = collection_index_load(collection)
+    assert [segment.vectors.kind for segment in index.segments] == ["hnsw"]
     assert set(index.ids().tolist()) == set(
         Chunk.objects.filter(document=keep).values_list("pk", flat=True)
     )

@@ -4,6 +4,7 @@ embedder, real FAISS and bm25s)."""
 from collections.abc import Callable
 from io import StringIO
 
+import numpy as np
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
@@ -19,7 +20,7 @@ from apps.knowledge.services import (
     document_reingest,
     index_store,
 )
-from apps.knowledge.services.indexing import collection_index_write
+from apps.knowledge.services.indexing import collection_index_append, index_state
 from apps.usage.models import Limit, QuotaCounter, Reservation, UsageRecord
 from tests import factories
 from tests.apps.accounts.test_auth import error_of
@@ -36,14 +37,21 @@ def search(api: APIClient, **body: object) -> list[dict[str, object]]:
 
 
 def keyword_ids(collection: Collection) -> set[int]:
+    """The chunk ids the live keyword postings hold, read from disk."""
     collection.refresh_from_db()
-    index = index_store().load_keyword_copy(collection.index_key, collection.index_version)
-    return set(index.ids().tolist())
+    index = index_store().read_state(collection.index_key, index_state(collection))
+    held = [
+        ids[~np.isin(ids, dead)]
+        for ids, dead in (
+            (s.keywords.ids(), d) for s, d in zip(index.segments, index.dead, strict=True)
+        )
+    ]
+    return set(np.concatenate(held).tolist())
 
 
 def vector_ids(collection: Collection) -> set[int]:
     collection.refresh_from_db()
-    index = index_store().load_copy(collection.index_key, collection.index_version)
+    index = index_store().read_state(collection.index_key, index_state(collection))
     return set(index.ids().tolist())
 
 
@@ -228,22 +236,30 @@ def test_a_rolled_back_write_leaves_both_indexes_at_the_committed_version(
         pass
 
     with pytest.raises(Crash), transaction.atomic():
-        collection_index_write(
-            collection_id=collection.pk, mutate=lambda index: index.remove(index.ids())
+        every = np.array(sorted(chunk_ids(collection)), dtype=np.int64)
+        collection_index_append(
+            collection_id=collection.pk,
+            ids=every[:0],
+            vectors=np.zeros((0, 384), dtype=np.float32),
+            tombstones=every,
         )
         raise Crash  # the process dies before the commit: files written, row not moved
     collection.refresh_from_db()
     assert collection.index_version == committed
-    orphan = index_store().keyword_path(collection.index_key, committed + 1)
-    assert orphan.is_dir()  # written, never published
+    orphan = index_store().delta_path(collection.index_key, committed + 1)
+    assert orphan.is_dir()  # written, never published: searches ignore it
     assert search(api, query="GBX-4410", mode="keyword")[0]["document_id"] == document.pk
-    call_command("index_check", stdout=StringIO())  # consistent with the database
+    out = StringIO()
+    with pytest.raises(CommandError):
+        call_command("index_check", stdout=out)
+    assert "vector index ok, keyword index ok, database 1, 1 orphan file(s)" in out.getvalue()
 
     # The next write takes the orphan's version number and replaces it whole.
     factories.document(collection=collection, title="Belt", text="Part DBT-9921.")
     assert keyword_ids(collection) == vector_ids(collection) == chunk_ids(collection)
     assert len(chunk_ids(collection)) == 2
     assert search(api, query="GBX-4410", mode="keyword")[0]["document_id"] == document.pk
+    call_command("index_check", stdout=StringIO())  # clean
 
 
 def test_index_check_covers_the_keyword_index(team: Team) -> None:
@@ -253,9 +269,10 @@ def test_index_check_covers_the_keyword_index(team: Team) -> None:
     call_command("index_check", stdout=out)
     assert "ok     acme/checked: 1 vectors, 1 keyword entries" in out.getvalue()
 
+    collection_index_rebuild(collection_id=collection.pk)  # one base, no deltas
     collection.refresh_from_db()
     store = index_store()
-    key, version = collection.index_key, collection.index_version
+    key, version = collection.index_key, collection.index_base
     # A keyword index that lost its folder, then one that holds the wrong chunks.
     import shutil
 
@@ -264,14 +281,14 @@ def test_index_check_covers_the_keyword_index(team: Team) -> None:
         call_command("index_check", stdout=StringIO())
     out = StringIO()
     call_command("index_check", "--repair", stdout=out)
-    assert "keyword index unreadable" in out.getvalue() and "vector index ok" in out.getvalue()
+    assert "keyword index unreadable" in out.getvalue()
     assert keyword_ids(collection) == chunk_ids(collection)
 
     collection.refresh_from_db()
     from retrieval import KeywordIndex
 
     KeywordIndex.build([999], ["stray"]).write(
-        store.keyword_path(collection.index_key, collection.index_version)
+        store.keyword_path(collection.index_key, collection.index_base)
     )
     out = StringIO()
     with pytest.raises(CommandError):
@@ -288,10 +305,10 @@ def test_a_collection_indexed_before_keyword_indexes_gets_one_at_its_first_searc
 ) -> None:
     import shutil
 
-    library.refresh_from_db()
+    library = collection_index_rebuild(collection_id=library.pk)  # a whole index, as before
     store = index_store()
-    shutil.rmtree(store.keyword_path(library.index_key, library.index_version))
-    store._keyword_cache.clear()  # as a web process started after the upgrade
+    shutil.rmtree(store.keyword_path(library.index_key, library.index_base))
+    store.forget(library.index_key)  # as a web process started after the upgrade
     results = search(api, query="XQ-7781-B fans", mode="keyword")
     assert [r["title"] for r in results] == ["Fans"]
     assert "building it from the database" in caplog.text

@@ -15,7 +15,7 @@ import pytest
 
 from apps.accounts.models import Team
 from apps.knowledge.models import Chunk, Collection, Document
-from apps.knowledge.services import document_create_from_text, index_store
+from apps.knowledge.services import collection_index_load, document_create_from_text
 from apps.knowledge.services.ingestion import TASKS
 from apps.usage.models import Reservation, UsageRecord
 from config.celery import app as celery_app
@@ -93,7 +93,7 @@ def test_a_worker_killed_halfway_through_200_chunks_resumes_and_charges_once(
     assert all(chunk.embedding is not None for chunk in chunks)
     collection = document.collection
     collection.refresh_from_db()
-    index = index_store().load(collection.index_key, collection.index_version)
+    index = collection_index_load(collection)
     assert len(index) == Chunk.objects.filter(collection=collection).count() == 200
     assert set(index.ids().tolist()) == {chunk.pk for chunk in chunks}
     # Every chunk's tokens charged exactly once: the batch lost with the worker is

@@ -1,0 +1,428 @@
+"""A collection's index as segments: a base plus small deltas, minus tombstones.
+
+Adding a document must not rewrite the collection's index (2.6 s at 100k vectors), so each
+write appends a *delta* segment: the vectors and keyword postings of the chunks it adds,
+and the chunk ids it deletes from the segments before it (tombstones). Compaction merges
+a base and its deltas into a new base, off the request and ingest paths.
+
+On disk, under ``<root>/<collection>/``:
+
+- ``<n>.faiss`` and ``<n>.bm25/``: the base made at version ``n``;
+- ``<n>.delta/``: the delta written at version ``n`` (``vectors.faiss``, ``tombstones.npy``
+  and the keyword arrays), one folder renamed into place in one step.
+
+The database row names the live set with two numbers, :class:`IndexState`: the base and
+the last version; the deltas are every version after the base. A file outside that set
+is ignored by searches: either one version behind (kept for searches that read the row
+just before a write; pruned by the next compaction) or an orphan left by a write whose
+transaction never committed, which the next write at that version replaces and
+:meth:`IndexStore.orphans` lists for ``index_check --repair``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import re
+import shutil
+import tempfile
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from retrieval.errors import IndexCorrupted
+from retrieval.hits import Hit
+from retrieval.index import (
+    Ids,
+    IndexPolicy,
+    VectorIndex,
+    Vectors,
+    ivf_lists,
+    kind_for_size,
+)
+from retrieval.keyword import KeywordIndex, KeywordSearcher, fsync_directory
+
+logger = logging.getLogger(__name__)
+
+SegmentRole = Literal["base", "delta"]
+_ENTRY = re.compile(r"^(\d+)\.(faiss|bm25|delta)$")
+_NO_IDS = np.zeros(0, dtype=np.int64)
+VECTORS_FILE = "vectors.faiss"
+TOMBSTONES_FILE = "tombstones.npy"
+
+
+@dataclass(frozen=True)
+class IndexState:
+    """Which segments are live: the base made at ``base`` and the deltas after it, up to
+    ``version`` (both 0: nothing indexed yet)."""
+
+    base: int
+    version: int
+
+    @property
+    def deltas(self) -> range:
+        return range(self.base + 1, self.version + 1)
+
+
+@dataclass(frozen=True, eq=False)
+class Segment:
+    """One write's chunks (vectors and postings, the same ids) and the ids it deletes from
+    the segments before it. A segment never changes once written."""
+
+    vectors: VectorIndex
+    keywords: KeywordIndex
+    tombstones: Ids = field(default_factory=lambda: _NO_IDS)
+
+    def __post_init__(self) -> None:
+        if len(self.vectors) != len(self.keywords):
+            raise IndexCorrupted(
+                f"segment holds {len(self.vectors)} vectors and {len(self.keywords)} "
+                "keyword entries"
+            )
+
+    @property
+    def nbytes(self) -> int:
+        return self.vectors.nbytes + self.keywords.nbytes + self.tombstones.nbytes
+
+    def write_delta(self, path: Path) -> None:
+        """Write as one folder: built under a temporary name, fsynced, renamed into place
+        (replacing an orphan a rolled-back write left at this version)."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+        try:
+            self.vectors.write(tmp / VECTORS_FILE)
+            np.save(tmp / TOMBSTONES_FILE, self.tombstones, allow_pickle=False)
+            self.keywords.write_into(tmp)  # fsyncs every file in the folder, and the folder
+            if path.exists():
+                shutil.rmtree(path)
+            os.rename(tmp, path)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        fsync_directory(path.parent)
+
+    @classmethod
+    def read_delta(cls, path: Path, *, dimension: int) -> Segment:
+        if not path.is_dir():
+            raise IndexCorrupted(f"index segment {path} is missing; run index_check --repair")
+        try:
+            tombstones = np.load(path / TOMBSTONES_FILE, allow_pickle=False)
+        except (OSError, ValueError) as exc:
+            raise IndexCorrupted(f"cannot read tombstones of {path}: {exc}") from exc
+        return cls(
+            VectorIndex.read(path / VECTORS_FILE, dimension=dimension),
+            KeywordIndex.read(path),
+            np.asarray(tombstones, dtype=np.int64),
+        )
+
+
+class SegmentedIndex:
+    """Base + deltas minus tombstones, searched as one index of the live chunks.
+
+    Dense search asks each segment for its best ``k`` among its live (and allowed) ids
+    and keeps the best ``k`` of those: with flat storage exactly the top ``k`` of one
+    index rebuilt from the same vectors. Keyword search scores with the statistics of
+    all live chunks (:class:`~retrieval.keyword.KeywordSearcher`).
+    """
+
+    def __init__(self, segments: Sequence[Segment]) -> None:
+        self.segments = list(segments)
+        # A segment's dead ids: those deleted by any later segment.
+        self.dead: list[Ids] = []
+        later = _NO_IDS
+        for segment in reversed(self.segments):
+            self.dead.append(later)
+            if len(segment.tombstones):
+                later = np.union1d(later, segment.tombstones)
+        self.dead.reverse()
+        self._live = [
+            segment.vectors.ids()[~np.isin(segment.vectors.ids(), dead)]
+            if len(dead)
+            else segment.vectors.ids()
+            for segment, dead in zip(self.segments, self.dead, strict=True)
+        ]
+        self._keywords: KeywordSearcher | None = None
+
+    def __len__(self) -> int:
+        return sum(len(live) for live in self._live)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(segment.nbytes for segment in self.segments)
+
+    @property
+    def tombstone_ratio(self) -> float:
+        """Share of the vectors held that are dead: what compaction would drop."""
+        held = sum(len(segment.vectors) for segment in self.segments)
+        return 1 - len(self) / held if held else 0.0
+
+    def ids(self) -> Ids:
+        return np.concatenate(self._live) if self._live else _NO_IDS
+
+    def search(self, queries: Vectors, k: int, *, allowed: Ids | None = None) -> list[list[Hit]]:
+        """The ``k`` nearest live vectors to each query, best first (equal scores by id)."""
+        found = [
+            segment.vectors.search(queries, k, allowed=allowed, excluded=dead)
+            for segment, dead in zip(self.segments, self.dead, strict=True)
+        ]
+        return [
+            sorted(itertools.chain(*rows), key=lambda hit: (-hit.score, hit.id))[:k]
+            for rows in zip(*found, strict=True)
+        ]
+
+    def keyword_search(self, query: str, k: int, *, allowed: Ids | None = None) -> list[Hit]:
+        if self._keywords is None:
+            self._keywords = KeywordSearcher(
+                [(s.keywords, dead) for s, dead in zip(self.segments, self.dead, strict=True)]
+            )
+        return self._keywords.search(query, k, allowed=allowed)
+
+    def compact(
+        self,
+        *,
+        policy: IndexPolicy,
+        pq_m: int = 0,
+        exact_vectors: Callable[[Ids], Vectors] | None = None,
+    ) -> Segment:
+        """One base segment holding exactly the live chunks.
+
+        The base is kept and patched (its dead ids removed, the deltas' live vectors
+        added) while it is of the kind its new size calls for; otherwise, or when an IVF
+        index has grown enough that its cells should double, every live vector goes into a
+        freshly built (and trained) index. ``exact_vectors(ids)`` supplies exact vectors
+        where the base holds PQ approximations.
+        """
+        base, size = self.segments[0], len(self)
+        kind = kind_for_size(policy, size)
+        old = base.vectors
+        keep = old.kind == kind and len(old) > 0
+        if kind == "ivf" and keep:
+            keep = ivf_lists(size) < 2 * old.lists and bool(old.pq_m == pq_m)
+        if keep:
+            vectors = old.copy()
+            vectors.remove(self.dead[0])
+            for segment, live in zip(self.segments[1:], self._live[1:], strict=True):
+                if len(live):
+                    ids, held = segment.vectors.vectors()
+                    vectors.add(live, held[np.isin(ids, live)])
+        else:
+            ids, held = self.live_vectors()
+            if old.pq_m and exact_vectors is not None:
+                held = exact_vectors(ids)
+            vectors = VectorIndex.build(old.dimension, kind, ids, held, pq_m=pq_m)
+        keywords = KeywordIndex.merge(
+            [(s.keywords, dead) for s, dead in zip(self.segments, self.dead, strict=True)]
+        )
+        return Segment(vectors, keywords)
+
+    def live_vectors(self) -> tuple[Ids, Vectors]:
+        parts_ids, parts_vectors = [], []
+        for segment, live in zip(self.segments, self._live, strict=True):
+            ids, held = segment.vectors.vectors()
+            keep = np.isin(ids, live)
+            parts_ids.append(ids[keep])
+            parts_vectors.append(held[keep])
+        return np.concatenate(parts_ids), np.concatenate(parts_vectors)
+
+
+class IndexStore:
+    """Segment files under a root folder, with a per-process cache of loaded segments.
+
+    The cache is a least-recently-used map bounded in bytes (``cache_bytes``; 0: no
+    bound): a web process serving many collections keeps the ones it searches, and one
+    whose base no longer fits is still served (it is the only entry then), never refused.
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        dimension: int,
+        policy: IndexPolicy = "flat",
+        pq_m: int = 0,
+        cache_bytes: int = 0,
+    ) -> None:
+        self.root = Path(root)
+        self.dimension = dimension
+        self.policy = policy
+        self.pq_m = pq_m
+        self.cache_bytes = cache_bytes
+        self._segments: OrderedDict[tuple[str, SegmentRole, int], Segment] = OrderedDict()
+        self._cached_bytes = 0
+        self._views: dict[str, tuple[IndexState, SegmentedIndex]] = {}
+        self._lock = threading.Lock()
+
+    # Paths -------------------------------------------------------------------------------
+
+    def path(self, key: str, version: int) -> Path:
+        """The vector file of the base made at ``version``."""
+        return self.root / key / f"{version:010d}.faiss"
+
+    def keyword_path(self, key: str, version: int) -> Path:
+        """The keyword folder of the base made at ``version``."""
+        return self.root / key / f"{version:010d}.bm25"
+
+    def delta_path(self, key: str, version: int) -> Path:
+        return self.root / key / f"{version:010d}.delta"
+
+    # Reading -----------------------------------------------------------------------------
+
+    def load(self, key: str, state: IndexState) -> SegmentedIndex:
+        """The live segments of ``state`` as one index; segments come from the cache when
+        loaded before (a new delta costs one small read, not the base again)."""
+        with self._lock:
+            view = self._views.get(key)
+            if view is not None and view[0] == state:
+                for entry in [(key, "base", state.base)] + [
+                    (key, "delta", v) for v in state.deltas
+                ]:
+                    if entry in self._segments:
+                        self._segments.move_to_end(entry)  # type: ignore[arg-type]
+                return view[1]
+        segments = [self.segment(*entry) for entry in self._entries_of(key, state)]
+        loaded = SegmentedIndex(segments)
+        with self._lock:
+            self._views[key] = (state, loaded)
+        return loaded
+
+    @staticmethod
+    def _entries_of(key: str, state: IndexState) -> list[tuple[str, SegmentRole, int]]:
+        deltas: list[tuple[str, SegmentRole, int]] = [(key, "delta", v) for v in state.deltas]
+        return [(key, "base", state.base), *deltas]
+
+    def segment(self, key: str, role: SegmentRole, version: int) -> Segment:
+        with self._lock:
+            cached = self._segments.get((key, role, version))
+            if cached is not None:
+                self._segments.move_to_end((key, role, version))
+                return cached
+        loaded = self.read(key, role, version)
+        self._remember(key, role, version, loaded)
+        return loaded
+
+    def read_state(self, key: str, state: IndexState) -> SegmentedIndex:
+        """The live segments of ``state`` read from disk, bypassing the cache."""
+        return SegmentedIndex([self.read(*entry) for entry in self._entries_of(key, state)])
+
+    def read(self, key: str, role: SegmentRole, version: int) -> Segment:
+        """A segment from disk, bypassing the cache; the empty base at version 0."""
+        if role == "delta":
+            return Segment.read_delta(self.delta_path(key, version), dimension=self.dimension)
+        if version == 0:
+            return Segment(VectorIndex(self.dimension), KeywordIndex(_NO_IDS))
+        path = self.path(key, version)
+        if not path.exists():
+            raise IndexCorrupted(f"index file {path} is missing; run index_check --repair")
+        return Segment(
+            VectorIndex.read(path, dimension=self.dimension), self.read_keywords(key, version)
+        )
+
+    def read_keywords(self, key: str, version: int) -> KeywordIndex:
+        path = self.keyword_path(key, version)
+        if not path.is_dir():
+            raise IndexCorrupted(f"keyword index {path} is missing; run index_check --repair")
+        return KeywordIndex.read(path)
+
+    # Writing -----------------------------------------------------------------------------
+
+    def write_base(self, key: str, version: int, segment: Segment) -> None:
+        """The keyword folder first, then the vector file: a base whose vector file exists
+        is complete."""
+        segment.keywords.write(self.keyword_path(key, version))
+        segment.vectors.write(self.path(key, version))
+
+    def write_delta(self, key: str, version: int, segment: Segment) -> None:
+        segment.write_delta(self.delta_path(key, version))
+
+    def remember(self, key: str, role: SegmentRole, version: int, segment: Segment) -> None:
+        """Cache a segment known to be live, as if just loaded: for a writer once its
+        transaction has committed (a rolled-back one never answers a search here)."""
+        self._remember(key, role, version, segment)
+
+    def _remember(self, key: str, role: SegmentRole, version: int, segment: Segment) -> None:
+        entry = (key, role, version)
+        with self._lock:
+            previous = self._segments.pop(entry, None)
+            if previous is not None:
+                self._cached_bytes -= previous.nbytes
+            self._segments[entry] = segment
+            self._cached_bytes += segment.nbytes
+            while self.cache_bytes and self._cached_bytes > self.cache_bytes:
+                if len(self._segments) == 1:
+                    break
+                (evicted_key, *_), evicted = self._segments.popitem(last=False)
+                self._cached_bytes -= evicted.nbytes
+                self._views.pop(evicted_key, None)  # a view would keep it in memory
+
+    @property
+    def cached_bytes(self) -> int:
+        return self._cached_bytes
+
+    def cached(self) -> list[tuple[str, SegmentRole, int]]:
+        """The cached segments, least recently used first."""
+        with self._lock:
+            return list(self._segments)
+
+    def forget(self, key: str) -> None:
+        """Drop a collection from this process's cache (its files stay)."""
+        with self._lock:
+            self._views.pop(key, None)
+            for entry in [entry for entry in self._segments if entry[0] == key]:
+                self._cached_bytes -= self._segments.pop(entry).nbytes
+
+    # Cleaning ----------------------------------------------------------------------------
+
+    def prune(self, key: str, *, base_before: int) -> None:
+        """After a new base: delete what only states before ``base_before`` (the previous
+        base, still read by searches that loaded the row just before) could use."""
+        for entry, version, suffix in self._entries(key):
+            if version < base_before or (suffix == "delta" and version <= base_before):
+                _remove(entry)
+
+    def orphans(self, key: str, state: IndexState) -> list[Path]:
+        """Files no state at or before ``state`` names: writes whose transaction did not
+        commit (any file past the version; a base made by a compaction that lost its
+        race or died), and temporary files. Remove them only under the row lock."""
+        folder = self.root / key
+        found = [entry for entry in folder.glob(".*.tmp")] if folder.is_dir() else []
+        for entry, version, suffix in self._entries(key):
+            if version > state.version or (
+                suffix != "delta" and state.base < version <= state.version
+            ):
+                found.append(entry)
+        return sorted(found)
+
+    def _entries(self, key: str) -> list[tuple[Path, int, str]]:
+        folder = self.root / key
+        if not folder.is_dir():
+            return []
+        entries = []
+        for entry in folder.iterdir():
+            match = _ENTRY.match(entry.name)
+            if match:
+                entries.append((entry, int(match.group(1)), match.group(2)))
+        return entries
+
+    def drop(self, key: str) -> None:
+        self.forget(key)
+        folder = self.root / key
+        if folder.is_dir():
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def remove_entry(entry: Path) -> None:
+    """Delete a segment file or folder."""
+    _remove(entry)
+
+
+def _remove(entry: Path) -> None:
+    if entry.is_dir():
+        shutil.rmtree(entry, ignore_errors=True)
+    else:
+        entry.unlink(missing_ok=True)
