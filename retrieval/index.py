@@ -32,8 +32,8 @@ import numpy as np
 import numpy.typing as npt
 
 from retrieval.errors import IndexCorrupted
+from retrieval.files import fsync_directory
 from retrieval.hits import Hit
-from retrieval.keyword import fsync_directory
 
 logger = logging.getLogger(__name__)
 

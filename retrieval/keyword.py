@@ -35,8 +35,6 @@ import json
 import logging
 import math
 import os
-import shutil
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +46,7 @@ import numpy.typing as npt
 import Stemmer
 
 from retrieval.errors import IndexCorrupted
+from retrieval.files import folder_write, fsync_directory
 from retrieval.hits import Hit
 
 Ids = npt.NDArray[np.int64]
@@ -223,17 +222,7 @@ class KeywordIndex:
         """Write atomically: a temporary folder beside ``path``, every file fsynced, then
         renamed into place. A folder already at ``path`` is a version whose transaction
         rolled back (versions only move forward under the collection's row lock)."""
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
-        try:
-            self.write_into(tmp)
-            if path.exists():
-                shutil.rmtree(path)
-            os.rename(tmp, path)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        fsync_directory(path.parent)
+        folder_write(path, self.write_into)
 
     def write_into(self, folder: Path) -> None:
         """Write the arrays into an existing (temporary) folder, fsynced."""
@@ -363,11 +352,3 @@ def _array(values: Any, dtype: Any, length: int) -> Any:
 
 
 _NO_IDS = np.zeros(0, dtype=np.int64)
-
-
-def fsync_directory(path: Path) -> None:
-    directory = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)

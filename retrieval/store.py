@@ -23,10 +23,8 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
 import re
 import shutil
-import tempfile
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -37,6 +35,7 @@ from typing import Literal
 import numpy as np
 
 from retrieval.errors import IndexCorrupted
+from retrieval.files import folder_write
 from retrieval.hits import Hit
 from retrieval.index import (
     Ids,
@@ -46,7 +45,7 @@ from retrieval.index import (
     ivf_lists,
     kind_for_size,
 )
-from retrieval.keyword import KeywordIndex, KeywordSearcher, fsync_directory
+from retrieval.keyword import KeywordIndex, KeywordSearcher
 
 logger = logging.getLogger(__name__)
 
@@ -93,19 +92,13 @@ class Segment:
     def write_delta(self, path: Path) -> None:
         """Write as one folder: built under a temporary name, fsynced, renamed into place
         (replacing an orphan a rolled-back write left at this version)."""
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
-        try:
-            self.vectors.write(tmp / VECTORS_FILE)
-            np.save(tmp / TOMBSTONES_FILE, self.tombstones, allow_pickle=False)
-            self.keywords.write_into(tmp)  # fsyncs every file in the folder, and the folder
-            if path.exists():
-                shutil.rmtree(path)
-            os.rename(tmp, path)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        fsync_directory(path.parent)
+
+        def fill(folder: Path) -> None:
+            self.vectors.write(folder / VECTORS_FILE)
+            np.save(folder / TOMBSTONES_FILE, self.tombstones, allow_pickle=False)
+            self.keywords.write_into(folder)  # fsyncs every file in the folder, and the folder
+
+        folder_write(path, fill)
 
     @classmethod
     def read_delta(cls, path: Path, *, dimension: int) -> Segment:

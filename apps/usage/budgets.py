@@ -220,8 +220,15 @@ def budget_reserve(
                 now=now,
                 defer_record=defer_record,
             )
-        return _reserve(
-            team=team, api_key=api_key, kind=kind, tokens=tokens, held=held, store=store, now=now
+        return budget_writer.run(
+            _reserve,
+            team=team,
+            api_key=api_key,
+            kind=kind,
+            tokens=tokens,
+            held=held,
+            store=store,
+            now=now,
         )
     except LimiterUnavailable as exc:
         if settings.RATE_LIMIT_REDIS_FALLBACK != "database":
@@ -232,7 +239,8 @@ def budget_reserve(
                 headers={"Retry-After": str(LIMITER_RETRY_SECONDS)},
             ) from exc
         logger.warning("the limiter is down, enforcing from the database: %s", exc)
-        return _reserve(
+        return budget_writer.run(
+            _reserve,
             team=team,
             api_key=api_key,
             kind=kind,
@@ -266,33 +274,8 @@ def _reserve(
     store: Limiter,
     now: datetime,
 ) -> Reservation:
-    """The database store: one transaction (through the one writer), the row inserted
-    last (a refusal writes nothing)."""
-    reservation = budget_writer.run(
-        _reserve_write,
-        team=team,
-        api_key=api_key,
-        kind=kind,
-        tokens=tokens,
-        held=held,
-        store=store,
-        now=now,
-    )
-    _hold(reservation, held)  # settling it here needs no read of its limits
-    metrics.RESERVATIONS.labels(kind).inc()
-    return reservation
-
-
-def _reserve_write(
-    *,
-    team: Team,
-    api_key: ApiKey | None,
-    kind: str,
-    tokens: int,
-    held: _Hold,
-    store: Limiter,
-    now: datetime,
-) -> Reservation:
+    """The database store: one transaction, the row inserted last (a refusal writes
+    nothing). Called through the one writer (:data:`budget_writer`)."""
     token = uuid.uuid4()
     with transaction.atomic():
         counters = [_charge(quota, tokens, now) for quota in held.quotas]
@@ -314,6 +297,8 @@ def _reserve_write(
             created_at=now,
             expires_at=now + timedelta(seconds=settings.RESERVATION_TTL_SECONDS),
         )
+    _hold(reservation, held)  # settling it here needs no read of its limits
+    metrics.RESERVATIONS.labels(kind).inc()
     return reservation
 
 
