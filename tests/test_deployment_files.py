@@ -26,9 +26,13 @@ NGINX_CONF = REPO_ROOT / "deploy" / "nginx.conf"
 GPU_ENV = REPO_ROOT / "deploy" / "gpu.env"
 
 APP_SERVICES = ("web", "worker", "beat", "migrate", "inference")
-ALL_SERVICES = ("postgres", "redis", *APP_SERVICES, "vllm", "nginx")
+GPU_APP_SERVICES = ("web-gpu", "worker-gpu")
+ALL_SERVICES = ("postgres", "redis", *APP_SERVICES, *GPU_APP_SERVICES, "vllm", "nginx")
 CPU_INFERENCE_URL = "http://inference:8080/v1"
+GPU_INFERENCE_URL = "http://vllm:8000/v1"
 APP_IMAGE = "ragtier:latest"
+GPU_IMAGE = "ragtier:gpu"
+TORCH_INDEXES = "https://download.pytorch.org/whl/"
 DATA_VOLUME = ("ragtier-data", "/data")
 EXPECTED_CMD = [
     "uvicorn",
@@ -165,14 +169,34 @@ def test_build_stage_has_compilers_for_llama_cpp(stages: list[dict[str, Any]]) -
     assert "build-essential" not in final_runs, "compilers leaked into the runtime stage"
 
 
-def test_torch_cpu_pinned_and_installed_before_project(
+def _build_args(stage: dict[str, Any]) -> dict[str, str]:
+    """The stage's ARG defaults (an ARG without one maps to "")."""
+    declared = (args.partition("=") for args in _of(stage, "ARG"))
+    return {name.strip(): default.strip().strip("\"'") for name, _, default in declared}
+
+
+def _torch_index(run: str, args: dict[str, str]) -> str:
+    """The --index-url of a pip RUN, with ${ARG} references replaced by ``args``."""
+    url = shlex.split(run)[shlex.split(run).index("--index-url") + 1]
+    return re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: args[m.group(1) or m.group(2)], url)
+
+
+def test_torch_pinned_from_the_index_a_build_arg_names_cpu_by_default(
     stages: list[dict[str, Any]],
 ) -> None:
     runs = _all_runs(stages)
     torch_runs = [i for i, r in enumerate(runs) if re.search(r"\btorch==2\.13\.0\b", r)]
     assert torch_runs, "torch==2.13.0 is not pinned in any RUN"
     torch_run = runs[torch_runs[0]]
-    assert "--index-url https://download.pytorch.org/whl/cpu" in torch_run
+    (builder,) = [s for s in stages if torch_run in _of(s, "RUN")]
+    args = _build_args(builder)
+    # Declared before the RUN that reads it (an ARG is in scope only after its line).
+    steps = builder["instructions"]
+    arg_at = [i for i, (kw, a) in enumerate(steps) if kw == "ARG" and a.startswith("TORCH_INDEX")]
+    assert arg_at and arg_at[0] < steps.index(("RUN", torch_run)), "ARG TORCH_INDEX comes first"
+    assert _torch_index(torch_run, args) == TORCH_INDEXES + "cpu"
+    gpu = {**args, "TORCH_INDEX": "cu130"}  # what the gpu profile's image is built with
+    assert _torch_index(torch_run, gpu) == TORCH_INDEXES + "cu130"
 
     def installs_project(run: str) -> bool:
         if "pip install" not in run:
@@ -444,13 +468,16 @@ def test_backing_services(services: dict[str, dict[str, Any]]) -> None:
 def test_app_services_share_image_build_and_data_volume(
     services: dict[str, dict[str, Any]],
 ) -> None:
-    for name in APP_SERVICES:
+    for name in (*APP_SERVICES, *GPU_APP_SERVICES):
         svc = services[name]
-        assert svc.get("image") == APP_IMAGE, f"{name} image is {svc.get('image')!r}"
+        image = GPU_IMAGE if name in GPU_APP_SERVICES else APP_IMAGE
+        assert svc.get("image") == image, f"{name} image is {svc.get('image')!r}"
         build = svc.get("build")
         context = build.get("context") if isinstance(build, dict) else build
         assert context in {".", "./"}, f"{name} is not built from the repo root"
         assert DATA_VOLUME in _volumes(svc), f"{name} lacks {DATA_VOLUME[0]}:{DATA_VOLUME[1]}"
+        if name in APP_SERVICES:  # the Dockerfile's default: CPU torch
+            assert not isinstance(build, dict) or not build.get("args"), f"{name} build args"
 
 
 def test_app_services_environment(services: dict[str, dict[str, Any]]) -> None:
@@ -458,16 +485,20 @@ def test_app_services_environment(services: dict[str, dict[str, Any]]) -> None:
         "DJANGO_SETTINGS_MODULE": "config.settings.production",
         "REDIS_URL": "redis://redis:6379/0",
         "CELERY_BROKER_URL": "redis://redis:6379/1",
-        "INFERENCE_BASE_URL": "${INFERENCE_BASE_URL:-" + CPU_INFERENCE_URL + "}",
         "RAGTIER_DATA_DIR": "/data",
         "DJANGO_ENV": "production",
         "DJANGO_BEHIND_TLS_PROXY": "true",
         "INFERENCE_API_KEY": "${INFERENCE_API_KEY:?set INFERENCE_API_KEY}",
     }
-    for name in APP_SERVICES:
+    for name in (*APP_SERVICES, *GPU_APP_SERVICES):
         env = _environment(services[name])
         for key, value in expected.items():
             assert env.get(key) == value, f"{name}: {key}={env.get(key)!r}"
+        inference_url = env.get("INFERENCE_BASE_URL")
+        if name in GPU_APP_SERVICES:
+            assert inference_url == GPU_INFERENCE_URL, f"{name}: {inference_url!r}"
+        else:
+            assert inference_url == "${INFERENCE_BASE_URL:-" + CPU_INFERENCE_URL + "}"
         assert re.fullmatch(
             r"postgres://ragtier:\$\{POSTGRES_PASSWORD[^}]*\}@postgres:5432/ragtier",
             env.get("DATABASE_URL", ""),
@@ -542,7 +573,7 @@ def test_inference_service(services: dict[str, dict[str, Any]]) -> None:
     assert cmd[:3] == ["python", "manage.py", "runinference"]
     port = cmd[cmd.index("--port") + 1]
     assert cmd[cmd.index("--host") + 1] == "0.0.0.0"
-    assert "profiles" not in inference, "the CPU inference tier must start by default"
+    assert inference.get("profiles") == ["cpu"], "the llama.cpp tier runs in the cpu profile only"
     test = inference["healthcheck"]["test"]
     test_text = test if isinstance(test, str) else " ".join(test)
     assert f"http://127.0.0.1:{port}/v1/models" in test_text
@@ -586,9 +617,8 @@ def test_every_healthcheck_has_a_test(services: dict[str, dict[str, Any]]) -> No
 def test_vllm_is_gpu_only(services: dict[str, dict[str, Any]]) -> None:
     vllm = services["vllm"]
     assert vllm.get("profiles") == ["gpu"]
-    for name, svc in services.items():
-        if name != "vllm":
-            assert "gpu" not in (svc.get("profiles") or []), f"{name} is in the gpu profile"
+    in_gpu = {name for name, svc in services.items() if "gpu" in (svc.get("profiles") or [])}
+    assert in_gpu == {"vllm", *GPU_APP_SERVICES, "nginx"}
     assert str(vllm["image"]).startswith("vllm/vllm-openai")
     cmd = _command(vllm)
     assert cmd[cmd.index("--model") + 1] == "HuggingFaceTB/SmolLM2-1.7B-Instruct"
@@ -621,7 +651,7 @@ def test_every_named_volume_is_declared(
 
 
 def test_prometheus_multiprocess_dir_is_a_fresh_tmpfs(services: dict[str, dict[str, Any]]) -> None:
-    for name in APP_SERVICES:
+    for name in (*APP_SERVICES, *GPU_APP_SERVICES):
         svc = services[name]
         folder = _environment(svc).get("PROMETHEUS_MULTIPROC_DIR")
         assert folder, f"{name}: PROMETHEUS_MULTIPROC_DIR is not set"
@@ -637,7 +667,9 @@ def test_only_nginx_is_published(services: dict[str, dict[str, Any]]) -> None:
     assert ("./deploy/nginx.conf", "/etc/nginx/nginx.conf") in _volumes(nginx)
     certs = [src for src, target in _volumes(nginx) if target == "/etc/nginx/certs"]
     assert certs and certs[0].startswith("${TLS_CERT_DIR:?"), "certificates are required"
-    assert _depends_on(nginx) == {"web": "service_healthy"}
+    # web in the cpu profile, web-gpu in the gpu profile: each needed in its profile only.
+    assert _depends_on(nginx) == {"web": "service_healthy", "web-gpu": "service_healthy"}
+    assert all(spec["required"] is False for spec in nginx["depends_on"].values())
 
 
 def test_every_service_but_the_one_shot_migration_has_a_healthcheck(
@@ -653,22 +685,95 @@ def test_every_service_but_the_one_shot_migration_has_a_healthcheck(
     assert "INFERENCE_API_KEY" in " ".join(test), "the tier's model list needs its key"
 
 
-def test_the_gpu_profile_points_the_app_at_vllm(services: dict[str, dict[str, Any]]) -> None:
-    values = dict(
+def _env_file(path: Path) -> dict[str, str]:
+    return dict(
         line.split("=", 1)
-        for line in GPU_ENV.read_text().splitlines()
+        for line in path.read_text().splitlines()
         if line.strip() and not line.startswith("#")
     )
+
+
+def _enabled(services: dict[str, dict[str, Any]], profiles: set[str]) -> set[str]:
+    """The services ``docker compose up`` starts with these profiles on: those in no profile
+    and those in one of them."""
+    return {
+        name
+        for name, svc in services.items()
+        if not svc.get("profiles") or profiles & set(svc["profiles"])
+    }
+
+
+def _hosts(services: dict[str, dict[str, Any]], enabled: set[str]) -> dict[str, str]:
+    """Each name on the compose network → the enabled service it reaches (name or alias)."""
+    names: dict[str, str] = {}
+    for name in sorted(enabled):
+        aliases = (services[name].get("networks") or {}).get("default") or {}
+        for host in (name, *(aliases.get("aliases") or [])):
+            assert host not in names, f"{host} names both {names[host]} and {name}"
+            names[host] = name
+    return names
+
+
+def _default(value: str) -> str:
+    """A compose value with its ``${VAR:-default}`` references resolved to the default."""
+    return re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", value)
+
+
+@pytest.mark.parametrize(
+    ("profile", "tier", "web", "worker"),
+    [("cpu", "inference", "web", "worker"), ("gpu", "vllm", "web-gpu", "worker-gpu")],
+)
+def test_each_profile_runs_one_complete_stack(
+    services: dict[str, dict[str, Any]], profile: str, tier: str, web: str, worker: str
+) -> None:
+    enabled = _enabled(services, {profile})
+    other_tier = {"inference", "vllm"} - {tier}
+    assert {tier, web, worker, "nginx", "beat", "migrate", "postgres", "redis"} <= enabled
+    assert not enabled & other_tier, f"the {profile} profile starts {enabled & other_tier}"
+    assert len(enabled & {"web", "web-gpu"}) == 1 and len(enabled & {"worker", "worker-gpu"}) == 1
+    # Every dependency that must be there is there.
+    for name in enabled:
+        for dep, spec in (services[name].get("depends_on") or {}).items():
+            if spec.get("required", True):
+                assert dep in enabled, f"{profile}: {name} needs {dep}, which does not run"
+    # nginx reaches the profile's web tier by the name in its upstream; the app its tier.
+    hosts = _hosts(services, enabled)
+    assert hosts["web"] == web
+    for name in (web, worker):
+        url = _default(_environment(services[name])["INFERENCE_BASE_URL"])
+        host = url.split("//", 1)[1].split(":", 1)[0]
+        assert hosts.get(host) == tier, f"{profile}: {name} sends questions to {url}"
+        assert _depends_on(services[name]).get(tier) == "service_healthy"
+    # Without a profile nothing is served: nginx would have no web tier to reach.
+    assert _enabled(services, set()) == {"postgres", "redis", "migrate", "beat"}
+
+
+def test_the_gpu_profile_embeds_on_a_gpu_with_cuda_torch(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    values = _env_file(GPU_ENV)
     assert values["COMPOSE_PROFILES"] == "gpu"
+    cuda_index = values["TORCH_CUDA_INDEX"]
+    assert re.fullmatch(r"cu\d{3}", cuda_index), cuda_index
     vllm = _command(services["vllm"])
-    assert values["INFERENCE_BASE_URL"] == "http://vllm:8000/v1"
-    assert values["MODEL_SMALL_NAME"] == vllm[vllm.index("--served-model-name") + 1]
-    env = _environment(services["web"])
-    for name in values.keys() - {"COMPOSE_PROFILES"}:
-        assert env.get(name, "").startswith("${" + name), f"the app does not read {name}"
-    assert services["vllm"]["healthcheck"]["test"]
-    web_deps = services["web"]["depends_on"]
-    assert web_deps["vllm"] == {"condition": "service_healthy", "required": False}
+    for name in GPU_APP_SERVICES:
+        svc = services[name]
+        assert svc["build"]["args"] == {"TORCH_INDEX": "${TORCH_CUDA_INDEX:-" + cuda_index + "}"}
+        devices = svc["deploy"]["resources"]["reservations"]["devices"]
+        assert devices == [{"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}], name
+        env = _environment(svc)
+        assert env["EMBEDDING_DEVICE"] == "cuda", "a GPU the container lacks must fail loudly"
+        assert env["MODEL_SMALL_NAME"] == vllm[vllm.index("--served-model-name") + 1]
+        assert int(env["INFERENCE_MAX_CONCURRENCY"]) > 1, "vLLM batches"
+    # The GPU services run what their CPU twins run.
+    for gpu_name, cpu_name in zip(GPU_APP_SERVICES, ("web", "worker"), strict=True):
+        gpu, cpu = services[gpu_name], services[cpu_name]
+        assert _command(gpu) == _command(cpu)
+        assert gpu["healthcheck"] == cpu["healthcheck"]
+        assert gpu.get("stop_grace_period") == cpu.get("stop_grace_period")
+    for name in APP_SERVICES:
+        assert "deploy" not in services[name], f"{name} asks for a GPU"
+        assert "EMBEDDING_DEVICE" not in _environment(services[name])
 
 
 # ---------------------------------------------------------------------------------------

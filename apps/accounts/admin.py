@@ -4,21 +4,21 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
-from django.contrib.admin.utils import unquote
-from django.core.exceptions import NON_FIELD_ERRORS, PermissionDenied
+from django.core.exceptions import NON_FIELD_ERRORS
 from django.db.models import QuerySet
 from django.forms import ModelForm
-from django.http import Http404, HttpRequest
-from django.template.response import TemplateResponse
-from django.urls import URLPattern, path, reverse
-from django.utils.html import format_html
-from django.utils.safestring import SafeString
+from django.http import HttpRequest
 
 from apps.accounts.models import ApiKey, Membership, Team
-from apps.accounts.services import api_key_create, api_key_revoke, api_key_validate
+from apps.accounts.services import (
+    api_key_create,
+    api_key_expiry_validate,
+    api_key_revoke,
+    api_key_update,
+    api_key_validate,
+)
 from apps.core.audit import Actor
 from apps.core.exceptions import ApplicationError
-from apps.usage.pages import team_usage_page, usage_days
 
 
 class MembershipInline(admin.TabularInline):
@@ -29,54 +29,24 @@ class MembershipInline(admin.TabularInline):
 
 @admin.register(Team)
 class TeamAdmin(admin.ModelAdmin):
-    list_display = ["name", "time_zone", "queue_weight", "retention_days", "created_at", "usage"]
+    list_display = ["name", "time_zone", "queue_weight", "retention_days", "created_at"]
     search_fields = ["name"]
     inlines = [MembershipInline]
-    change_form_template = "admin/accounts/team/change_form.html"
-
-    def get_urls(self) -> list[URLPattern]:
-        usage = path(
-            "<path:object_id>/usage/",
-            self.admin_site.admin_view(self.usage_view),
-            name="accounts_team_usage",
-        )
-        # Before the defaults: their "<path:object_id>/" would swallow ".../usage/".
-        return [usage, *super().get_urls()]
-
-    @admin.display(description="usage")
-    def usage(self, obj: Team) -> SafeString:
-        return format_html(
-            '<a href="{}">usage</a>', reverse("admin:accounts_team_usage", args=[obj.pk])
-        )
-
-    def usage_view(self, request: HttpRequest, object_id: str) -> TemplateResponse:
-        """Tokens per day by kind over the last ``?days=`` days (30, at most 366), and what
-        remains of the team's and its keys' quotas."""
-        team = self.get_object(request, unquote(object_id))
-        if team is None:
-            raise Http404(f"No team with id {object_id!r}.")
-        if not self.has_view_permission(request, team):
-            raise PermissionDenied
-        context = {
-            **self.admin_site.each_context(request),
-            "opts": self.opts,
-            "original": team,
-            "title": f"Usage of {team}",
-            **team_usage_page(team=team, days=usage_days(request.GET.get("days"))),
-        }
-        return TemplateResponse(request, "admin/accounts/team/usage.html", context)
+    # apps/usage/admin.py extends this with the team's usage page.
 
 
 class ApiKeyForm(forms.ModelForm):
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
-        if self.instance.pk is None and data.get("team") is not None:
-            try:
+        try:
+            if self.instance.pk is None and data.get("team") is not None:
                 api_key_validate(
                     team=data["team"], user=data.get("user"), expires_at=data.get("expires_at")
                 )
-            except ApplicationError as exc:
-                raise forms.ValidationError({exc.param or NON_FIELD_ERRORS: exc.message}) from exc
+            elif self.instance.pk is not None and "expires_at" in self.changed_data:
+                api_key_expiry_validate(expires_at=data.get("expires_at"))
+        except ApplicationError as exc:
+            raise forms.ValidationError({exc.param or NON_FIELD_ERRORS: exc.message}) from exc
         return data
 
 
@@ -96,7 +66,8 @@ class ApiKeyAdmin(admin.ModelAdmin):
     ]
     list_filter = ["team", "revoked_at", "expires_at"]
     search_fields = ["prefix", "name", "team__name"]
-    readonly_fields = ["prefix", "created_at", "last_used_at"]
+    # Revocation goes through the "revoke" action, so that it is audited (and never undone).
+    readonly_fields = ["prefix", "created_at", "last_used_at", "revoked_at"]
     fields = [
         "team",
         "user",
@@ -118,7 +89,12 @@ class ApiKeyAdmin(admin.ModelAdmin):
         self, request: HttpRequest, obj: ApiKey, form: ModelForm[Any], change: bool
     ) -> None:
         if change:
-            super().save_model(request, obj, form, change)
+            api_key_update(
+                api_key=obj,
+                name=obj.name,
+                expires_at=obj.expires_at,
+                actor=Actor.of_user(request.user),
+            )
             return
         issued = api_key_create(
             team=obj.team,

@@ -77,6 +77,10 @@ def api_key_validate(
             code="invalid_value",
             param="user",
         )
+    api_key_expiry_validate(expires_at=expires_at)
+
+
+def api_key_expiry_validate(*, expires_at: datetime | None) -> None:
     if expires_at is not None and expires_at <= timezone.now():
         raise InvalidRequest(
             "A key's expiry must be in the future.", code="invalid_value", param="expires_at"
@@ -121,7 +125,7 @@ def api_key_create(
         detail={
             "scopes": scopes,
             "user": user.get_username() if user is not None else None,
-            "expires_at": expires_at.isoformat() if expires_at is not None else None,
+            "expires_at": _iso(expires_at),
         },
     )
     return IssuedKey(api_key=api_key, secret=secret)
@@ -187,6 +191,36 @@ def api_key_revoke(*, api_key: ApiKey, actor: Actor = SYSTEM) -> ApiKey:
         )
     api_key_cache().forget(prefix=api_key.prefix)
     return api_key
+
+
+@transaction.atomic
+def api_key_update(
+    *, api_key: ApiKey, name: str, expires_at: datetime | None, actor: Actor = SYSTEM
+) -> ApiKey:
+    """Rename the key or change when it expires (None: never). An expiry change goes to the
+    audit log with the values before and after (from the stored row, whatever ``api_key``
+    holds), and applies at once in this process, in others once their cached copy expires.
+    """
+    stored = ApiKey.objects.select_for_update().select_related("team").get(pk=api_key.pk)
+    before = stored.expires_at
+    if expires_at != before:
+        api_key_expiry_validate(expires_at=expires_at)
+    stored.name, stored.expires_at = name, expires_at
+    stored.save(update_fields=["name", "expires_at"])
+    if expires_at != before:
+        audit_record(
+            action=AuditEvent.Action.KEY_EXPIRY_CHANGED,
+            actor=actor,
+            team=stored.team,
+            target=f"key {stored.prefix}",
+            detail={"before": _iso(before), "after": _iso(expires_at)},
+        )
+    api_key_cache().forget(prefix=stored.prefix)
+    return stored
+
+
+def _iso(moment: datetime | None) -> str | None:
+    return moment.isoformat() if moment is not None else None
 
 
 def api_key_touch(*, api_key: ApiKey, now: datetime | None = None) -> None:

@@ -13,17 +13,37 @@ from axes.helpers import get_client_username, get_cool_off
 from axes.models import AccessAttempt
 from django.http import HttpRequest, JsonResponse
 
+from apps.core.audit import admin_login_failure_record
 from apps.core.exceptions import error_body
 
 
 class LoginAttemptHandler(AxesDatabaseHandler):
     """Axes' database handler, but a successful login clears only the failures recorded
-    against its own username.
+    against its own username, and a failed admin login goes to the audit log.
 
     Axes clears every attempt matching any lockout parameter, so with ``ip_address``
     among them a login to an account of one's own would also clear every failure from
     that IP, against every username: guess four passwords, log in as yourself, repeat.
     """
+
+    def user_login_failed(
+        self,
+        sender: Any,
+        credentials: dict[str, Any],
+        request: HttpRequest | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """Axes' count, then the audit record, except for a login that axes refused, its
+        username or address being locked out already: a locked-out client's retries would
+        write to the log without bound, while the failures before the lockout are few."""
+        refused = request is not None and self.is_locked(request, credentials)
+        super().user_login_failed(sender, credentials, request, **kwargs)
+        if not refused:
+            admin_login_failure_record(
+                request=request,
+                credentials=credentials,
+                locked_out=bool(getattr(request, "axes_locked_out", False)),
+            )
 
     def reset_user_attempts(
         self, request: HttpRequest, credentials: dict[str, Any] | None = None

@@ -1,4 +1,5 @@
-"""The audit log: key creation and revocation, limit changes, purges and admin logins.
+"""The audit log: key creation, revocation and expiry changes, limit changes, purges, and
+admin logins, successful and failed.
 
 Services record their own events (``audit_record``), so an action is logged whichever
 surface made it: the API, the admin, a management command or a beat job.
@@ -61,10 +62,34 @@ def audit_record(
     )
 
 
+def _is_admin_login(request: HttpRequest | None) -> bool:
+    match = getattr(request, "resolver_match", None)
+    return match is not None and match.namespace == "admin" and match.url_name == "login"
+
+
 def admin_login_record(
     sender: Any, *, request: HttpRequest | None, user: AbstractBaseUser, **kwargs: Any
 ) -> None:
     """``user_logged_in`` receiver: a login through the admin's own login page."""
-    match = getattr(request, "resolver_match", None)
-    if match is not None and match.namespace == "admin" and match.url_name == "login":
+    if _is_admin_login(request):
         audit_record(action=AuditEvent.Action.ADMIN_LOGIN, actor=Actor.of_user(user))
+
+
+def admin_login_failure_record(
+    *, request: HttpRequest | None, credentials: dict[str, Any], locked_out: bool
+) -> None:
+    """A failed login through the admin's login page: the username tried, the client's
+    address and whether this failure locked them out.
+
+    Only the username is read from ``credentials`` (Django has already masked the password
+    there, but nothing else in it belongs in a log).
+    """
+    if request is None or not _is_admin_login(request):
+        return
+    username = str(credentials.get("username") or "")
+    audit_record(
+        action=AuditEvent.Action.ADMIN_LOGIN_FAILED,
+        actor=Actor("anonymous"),
+        target=f"user {username}" if username else "",
+        detail={"address": request.META.get("REMOTE_ADDR", ""), "locked_out": locked_out},
+    )

@@ -15,7 +15,7 @@ import redis.exceptions
 from django import db
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import RequestDataTooBig
-from django.http import Http404
+from django.http import Http404, HttpRequest, JsonResponse
 from rest_framework import exceptions as drf
 from rest_framework.response import Response
 
@@ -254,4 +254,35 @@ def api_exception_handler(exc: Exception, context: Mapping[str, Any]) -> Respons
         message=error.message,
         param=error.param,
         headers=error.headers,
+    )
+
+
+# Django's handler400/403/404/500 (named in config/urls.py): errors raised outside DRF, in
+# the same shape.
+def _error(status: int, *, type: str, code: str, message: str) -> JsonResponse:
+    return JsonResponse(error_body(type=type, code=code, message=message), status=status)
+
+
+def bad_request(request: HttpRequest, exception: Exception) -> JsonResponse:
+    return _error(
+        400, type="invalid_request_error", code="bad_request", message="The request is malformed."
+    )
+
+
+def permission_denied(request: HttpRequest, exception: Exception) -> JsonResponse:
+    return _error(
+        403, type="permission_error", code="permission_denied", message="You may not do this."
+    )
+
+
+def not_found(request: HttpRequest, exception: Exception) -> JsonResponse:
+    return _error(404, type="not_found_error", code="not_found", message="No such object.")
+
+
+def server_error(request: HttpRequest) -> JsonResponse:
+    return _error(
+        500,
+        type="server_error",
+        code="internal_error",
+        message="The server failed; it has been logged.",
     )

@@ -2,19 +2,67 @@ from __future__ import annotations
 
 from typing import Any
 
-from asgiref.sync import async_to_sync
 from django.contrib import admin
+from django.contrib.admin.utils import unquote
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.forms import ModelForm
-from django.http import HttpRequest
+from django.http import Http404, HttpRequest
 from django.template.response import TemplateResponse
-from django.urls import URLPattern, path
+from django.urls import URLPattern, path, reverse
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
 
-from apps.chat.services.models import model_registry_status
+from apps.accounts.admin import TeamAdmin
+from apps.accounts.models import Team
 from apps.core.audit import Actor
 from apps.usage.models import Limit, UsageRecord
+from apps.usage.pages import team_usage_page, usage_days
 from apps.usage.services import limit_delete, limit_save
+
+
+class TeamUsageAdmin(TeamAdmin):
+    """The team admin with the team's usage page and a link to it in each row: here, not in
+    accounts, which sits below usage and may not import it."""
+
+    list_display = [*TeamAdmin.list_display, "usage"]
+    change_form_template = "admin/usage/team/change_form.html"
+
+    def get_urls(self) -> list[URLPattern]:
+        usage = path(
+            "<path:object_id>/usage/",
+            self.admin_site.admin_view(self.usage_view),
+            name="accounts_team_usage",
+        )
+        # Before the defaults: their "<path:object_id>/" would swallow ".../usage/".
+        return [usage, *super().get_urls()]
+
+    @admin.display(description="usage")
+    def usage(self, obj: Team) -> SafeString:
+        return format_html(
+            '<a href="{}">usage</a>', reverse("admin:accounts_team_usage", args=[obj.pk])
+        )
+
+    def usage_view(self, request: HttpRequest, object_id: str) -> TemplateResponse:
+        """Tokens per day by kind over the last ``?days=`` days (30, at most 366), and what
+        remains of the team's and its keys' quotas."""
+        team = self.get_object(request, unquote(object_id))
+        if team is None:
+            raise Http404(f"No team with id {object_id!r}.")
+        if not self.has_view_permission(request, team):
+            raise PermissionDenied
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "original": team,
+            "title": f"Usage of {team}",
+            **team_usage_page(team=team, days=usage_days(request.GET.get("days"))),
+        }
+        return TemplateResponse(request, "admin/usage/team/usage.html", context)
+
+
+admin.site.unregister(Team)
+admin.site.register(Team, TeamUsageAdmin)
 
 
 @admin.register(UsageRecord)
@@ -34,29 +82,6 @@ class UsageRecordAdmin(admin.ModelAdmin):
     ]
     list_filter = ["kind", "status", "team", "model", "requested_model", "upstream"]
     date_hierarchy = "created_at"
-    change_list_template = "admin/usage/usagerecord/change_list.html"
-
-    def get_urls(self) -> list[URLPattern]:
-        models = path(
-            "models/",
-            self.admin_site.admin_view(self.models_view),
-            name="usage_usagerecord_models",
-        )
-        # Before the defaults: their "<path:object_id>/" would swallow "models/".
-        return [models, *super().get_urls()]
-
-    def models_view(self, request: HttpRequest) -> TemplateResponse:
-        """The model registry, read-only: each alias, and each upstream's circuit state
-        and slots in use."""
-        if not self.has_view_permission(request):
-            raise PermissionDenied
-        context = {
-            **self.admin_site.each_context(request),
-            "opts": self.opts,
-            "title": "Inference models",
-            "models": async_to_sync(model_registry_status)(),
-        }
-        return TemplateResponse(request, "admin/usage/usagerecord/models.html", context)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

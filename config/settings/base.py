@@ -34,6 +34,7 @@ INSTALLED_APPS = [
     "apps.knowledge",
     "apps.usage",
     "apps.chat",
+    "apps.site",
 ]
 
 MIDDLEWARE = [

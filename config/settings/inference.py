@@ -26,6 +26,7 @@ Fields: ``upstreams`` (base URLs; a conversation sticks to one by rendezvous has
 its id), ``model`` (the served name), ``context_window`` (absent: read from the tier's
 /v1/models), ``max_concurrency`` (per upstream; absent: INFERENCE_MAX_CONCURRENCY),
 ``max_output_tokens``, ``tokenizer`` (``gguf``, ``gguf:<path>``, ``hf:<folder>``,
+``tiktoken:cl100k_base`` / ``tiktoken:o200k_base`` from DATA_DIR/tiktoken/ or a package,
 ``remote`` for the tier's /tokenize, ``fake``; see inference/registry.py), ``fallback``
 (an alias tried once every upstream failed before the first token, or null),
 ``api_key``, ``price`` (USD per million tokens), ``energy`` (Wh per 1000 tokens),

@@ -1,4 +1,4 @@
-"""The response cache: exact-match answers to single-turn questions (apps.core.response_cache).
+"""The response cache: exact-match answers to single-turn questions (apps.chat.response_cache).
 
 ``RESPONSE_CACHE_TTL`` seconds (0 turns it off); entries never outlive a team's retention.
 Stored in Redis when a URL is set (``RESPONSE_CACHE_REDIS_URL``, else ``REDIS_URL``), else

@@ -14,6 +14,7 @@ from inference.registry import (
     GGUF_TOKENIZER,
     HF_TOKENIZER,
     REMOTE_TOKENIZER,
+    TIKTOKEN_TOKENIZER,
     Price,
     tokenizer_spec,
 )
@@ -75,6 +76,8 @@ def test_fallback_chains_stop_at_a_cycle_and_shared_upstreams_take_the_smallest_
         ("hf:/models/qwen", HF_TOKENIZER, {"path": "/models/qwen"}),
         ("remote", REMOTE_TOKENIZER, {"base_url": "http://u/v1", "model": "m"}),
         ("fake", FAKE_TOKENIZER, {}),
+        ("tiktoken:cl100k_base", TIKTOKEN_TOKENIZER, {"data_dir": None, "encoding": "cl100k_base"}),
+        ("tiktoken:o200k_base", TIKTOKEN_TOKENIZER, {"data_dir": None, "encoding": "o200k_base"}),
     ],
 )
 def test_tokenizer_specs(spec: str, backend: str, options: dict[str, Any]) -> None:
@@ -88,7 +91,8 @@ def test_tokenizer_specs(spec: str, backend: str, options: dict[str, Any]) -> No
         ({"upstreams": []}, "small.upstreams"),
         ({"upstreams": ["vllm:8000"]}, "small.upstreams"),
         ({"model": ""}, "small.model"),
-        ({"tokenizer": "tiktoken:cl100k_base"}, "tokenizer 'tiktoken:cl100k_base'"),
+        ({"tokenizer": "tiktoken:p50k_base"}, "tokenizer 'tiktoken:p50k_base'"),
+        ({"tokenizer": "tiktoken"}, "'tiktoken:cl100k_base', 'tiktoken:o200k_base'"),
         ({"tokenizer": "hf:"}, "tokenizer 'hf:'"),
         ({"fallback": "huge"}, "names 'huge'"),
         ({"fallback": "small"}, "small.fallback"),

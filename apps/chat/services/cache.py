@@ -7,7 +7,7 @@ so older entries miss), the question normalized (Unicode case-folded, runs of wh
 made one space, ends stripped), the alias that serves, ``max_tokens``, the sampling
 parameters, the client's instructions, the search (mode, filters, ``top_k``) and whether
 reasoning is streamed. What is stored is the answer's events (citations, deltas, finish
-reason), in the store of :mod:`apps.core.response_cache` (Redis or the database,
+reason), in the store of :mod:`apps.chat.response_cache` (Redis or the database,
 encrypted at rest).
 """
 
@@ -24,8 +24,8 @@ from django.db import DatabaseError
 from redis.exceptions import RedisError
 
 from apps.accounts.models import Team
+from apps.chat.response_cache import response_cache, response_cache_ttl
 from apps.core.crypto import InvalidToken
-from apps.core.response_cache import response_cache, response_cache_ttl
 from apps.knowledge.selectors import collection_list_readable
 from apps.knowledge.services import SearchFilters
 from apps.usage import metrics

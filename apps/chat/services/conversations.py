@@ -7,7 +7,7 @@ from django.db import transaction
 from apps.accounts.selectors import Caller
 from apps.chat.events import event_buffers_delete
 from apps.chat.models import Conversation, Message
-from apps.core.response_cache import response_cache_purge
+from apps.chat.response_cache import response_cache_purge
 from apps.knowledge.selectors import collection_list_readable
 
 

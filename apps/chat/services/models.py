@@ -102,7 +102,11 @@ def model_registry() -> Registry:
     """The registry (read once; again after a setting changes)."""
     try:
         if settings.INFERENCE_MODELS:
-            return registry_parse(settings.INFERENCE_MODELS, default=settings.DEFAULT_MODEL_ALIAS)
+            return registry_parse(
+                settings.INFERENCE_MODELS,
+                default=settings.DEFAULT_MODEL_ALIAS,
+                data_dir=settings.DATA_DIR,
+            )
         return _registry_from_aliases()
     except RegistryError as exc:
         raise ImproperlyConfigured(f"INFERENCE_MODELS: {exc}") from exc

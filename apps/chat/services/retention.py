@@ -18,9 +18,9 @@ from django.utils import timezone
 from apps.accounts.models import Team
 from apps.chat.events import event_buffers_delete
 from apps.chat.models import Conversation, Message, MessageEvent
+from apps.chat.response_cache import response_cache_expire, response_cache_purge
 from apps.core.audit import SYSTEM, Actor, audit_record
 from apps.core.models import AuditEvent
-from apps.core.response_cache import response_cache_expire, response_cache_purge
 
 PURGE_BATCH = 1000
 RETENTION_JOB = Actor.job("retention_purge")

@@ -7,9 +7,9 @@ from django.db import IntegrityError, transaction
 
 from apps.accounts.models import Team
 from apps.core.exceptions import InvalidRequest
-from apps.core.response_cache import response_cache_purge
 from apps.knowledge.models import Collection, Document
 from apps.knowledge.services.indexing import index_store
+from apps.knowledge.signals import team_documents_deleted
 
 
 def collection_create(*, team: Team, name: str, description: str = "") -> Collection:
@@ -47,7 +47,9 @@ def collection_delete(*, collection: Collection) -> None:
         ]
         collection.delete()
         transaction.on_commit(lambda: _files_delete(key, sources))
-        transaction.on_commit(lambda: response_cache_purge(team_id=team_id))
+        transaction.on_commit(
+            lambda: team_documents_deleted.send(sender=Collection, team_id=team_id)
+        )
 
 
 def _files_delete(index_key: str, sources: list[str]) -> None:

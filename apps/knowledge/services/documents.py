@@ -14,10 +14,10 @@ from django.db import IntegrityError, transaction
 
 from apps.core.crypto import encrypt_bytes
 from apps.core.exceptions import InvalidRequest, PayloadTooLarge, UnsupportedFileType
-from apps.core.response_cache import response_cache_purge
 from apps.knowledge.models import Chunk, Collection, Document
 from apps.knowledge.services.indexing import collection_index_append, index_store
 from apps.knowledge.services.ingestion import document_release, ingestion_enqueue
+from apps.knowledge.signals import team_documents_deleted
 from retrieval import UnsupportedDocument, detect_media_type, pdf_page_count
 from retrieval.parsing import MARKDOWN, PDF, TEXT
 
@@ -185,8 +185,10 @@ def document_delete(*, document: Document) -> None:
             _index_delete(collection_id=document.collection_id, chunk_ids=chunk_ids)
         document.delete()
         transaction.on_commit(lambda: source.delete(save=False))
-        # Its index version moved, so cached answers quoting it miss; drop them too.
-        transaction.on_commit(lambda: response_cache_purge(team_id=document.team_id))
+        # Its index version moved, so cached answers quoting it miss; their owner drops them.
+        transaction.on_commit(
+            lambda: team_documents_deleted.send(sender=Document, team_id=document.team_id)
+        )
 
 
 def _index_delete(*, collection_id: int, chunk_ids: list[int]) -> None:

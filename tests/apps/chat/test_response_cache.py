@@ -13,12 +13,12 @@ from django.utils import timezone
 
 from apps.accounts.models import Team
 from apps.accounts.services import api_key_create
+from apps.chat.response_cache import response_cache_purge, response_cache_ttl
 from apps.chat.services import run as run_module
 from apps.chat.services.retention import conversations_purge, retention_purge
 from apps.core.models import ResponseCacheEntry
-from apps.core.response_cache import response_cache_purge, response_cache_ttl
 from apps.knowledge.models import Collection
-from apps.knowledge.services import document_delete
+from apps.knowledge.services import collection_delete, document_delete
 from apps.usage.models import UsageRecord
 from tests import factories
 from tests.apps.chat.conftest import ask_stream, conversation_for
@@ -168,6 +168,23 @@ def test_ingest_and_delete_change_the_index_version_so_entries_miss(
     document_delete(document=added)
     assert usage_of(ask(http))["cache_hit"] is False
     assert len(upstream.requests) == 3
+
+
+def test_deleting_documents_drops_the_teams_cached_answers(
+    upstream: FakeUpstream, http: httpx.Client, team: Team
+) -> None:
+    """Knowledge sits below chat and may not import it: its deletes reach the cache through
+    its ``team_documents_deleted`` signal, once they commit."""
+    collection = seed(team)
+    cellar = factories.document(collection=collection, title="Cellar", text="Wine is cold.")
+    ask(http)
+    assert ResponseCacheEntry.objects.count() == 1
+    document_delete(document=cellar)
+    assert not ResponseCacheEntry.objects.exists()
+    ask(http)
+    assert ResponseCacheEntry.objects.count() == 1
+    collection_delete(collection=collection)
+    assert not ResponseCacheEntry.objects.exists()
 
 
 def test_another_team_never_hits(upstream: FakeUpstream, http: httpx.Client, team: Team) -> None:

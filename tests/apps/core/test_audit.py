@@ -1,10 +1,10 @@
-"""The audit log: key creation and revocation, limit changes, purges and admin logins, each
-with who, what, when, team and target, from every surface; readable in admin, never
-editable."""
+"""The audit log: key creation, revocation and expiry changes, limit changes, purges and
+admin logins (failed ones too), each with who, what, when, team and target, from every
+surface; readable in admin, never editable; never a password."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from io import StringIO
 from typing import Any
 
@@ -15,7 +15,8 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from apps.accounts.models import ApiKey, Membership, Team
-from apps.accounts.services import api_key_create, membership_add
+from apps.accounts.selectors import api_key_cache
+from apps.accounts.services import api_key_create, api_key_update, membership_add
 from apps.chat.models import Conversation, Message
 from apps.chat.services.retention import retention_purge
 from apps.core.models import AuditEvent
@@ -81,6 +82,71 @@ def test_the_command_and_the_admin_are_named_as_actors(team: Team, admin_client:
         (Action.KEY_CREATED, "manage.py createapikey", "acme", f"key {prefix}"),
         (Action.KEY_REVOKED, "user admin", "acme", f"key {prefix}"),
     ]
+
+
+def expiry_form(name: str, expires_at: datetime | None) -> dict[str, str]:
+    """The admin's change form for a key: what stays editable once it is issued."""
+    if expires_at is None:
+        return {"name": name, "expires_at_0": "", "expires_at_1": ""}
+    return {
+        "name": name,
+        "expires_at_0": expires_at.strftime("%Y-%m-%d"),
+        "expires_at_1": expires_at.strftime("%H:%M:%S"),
+    }
+
+
+def test_expiry_changes_in_the_admin_are_recorded_with_before_and_after(
+    team: Team, admin_client: Any
+) -> None:
+    api_key = api_key_create(team=team, name="ci").api_key
+    change = f"/admin/accounts/apikey/{api_key.pk}/change/"
+    soon = (timezone.now() + timedelta(days=3)).replace(microsecond=0)
+    later = soon + timedelta(days=30)
+
+    assert admin_client.post(change, expiry_form("ci", soon)).status_code == 302
+    assert admin_client.post(change, expiry_form("ci build", soon)).status_code == 302  # name only
+    assert admin_client.post(change, expiry_form("ci build", later)).status_code == 302
+    assert admin_client.post(change, expiry_form("ci build", None)).status_code == 302
+    refused = admin_client.post(change, expiry_form("ci build", timezone.now() - timedelta(days=1)))
+    assert refused.status_code == 200 and "must be in the future" in refused.content.decode()
+
+    target = f"key {api_key.prefix}"
+    assert events("api_key.expiry") == [
+        (Action.KEY_EXPIRY_CHANGED, "user admin", "acme", target),
+        (Action.KEY_EXPIRY_CHANGED, "user admin", "acme", target),
+        (Action.KEY_EXPIRY_CHANGED, "user admin", "acme", target),
+    ]
+    changes = AuditEvent.objects.filter(action=Action.KEY_EXPIRY_CHANGED).order_by("pk")
+    assert [(e.detail["before"], e.detail["after"]) for e in changes] == [
+        (None, soon.isoformat()),
+        (soon.isoformat(), later.isoformat()),
+        (later.isoformat(), None),
+    ]
+    api_key.refresh_from_db()
+    assert (api_key.name, api_key.expires_at) == ("ci build", None)
+
+
+def test_the_admin_cannot_revoke_or_restore_a_key_outside_the_audited_action(
+    team: Team, admin_client: Any
+) -> None:
+    api_key = api_key_create(team=team, name="ci").api_key
+    form = {**expiry_form("ci", None), "revoked_at_0": "2030-01-01", "revoked_at_1": "0:0"}
+    change = admin_client.post(f"/admin/accounts/apikey/{api_key.pk}/change/", form)
+    assert change.status_code == 302
+    api_key.refresh_from_db()
+    assert api_key.revoked_at is None
+    assert not AuditEvent.objects.filter(action=Action.KEY_REVOKED).exists()
+
+
+def test_an_expiry_change_is_seen_at_once_through_the_key_cache(team: Team, settings: Any) -> None:
+    settings.API_KEY_CACHE_SECONDS = 3600
+    issued = api_key_create(team=team, scopes=["read"])
+    client = client_for(issued.secret)
+    assert client.get("/api/v1/collections").status_code == 200  # now cached
+    soon = timezone.now() + timedelta(minutes=5)
+    assert api_key_update(api_key=issued.api_key, name="", expires_at=soon).expires_at == soon
+    cached = api_key_cache().get(prefix=issued.api_key.prefix)
+    assert cached is not None and cached.expires_at == soon
 
 
 def test_limit_changes_in_the_admin_and_the_command(
@@ -153,6 +219,45 @@ def test_admin_logins_are_recorded_and_other_logins_are_not(
     )
     assert response.status_code == 302
     assert events() == [(Action.ADMIN_LOGIN, "user admin", "", "")]
+
+
+ADMIN_PASSWORD = "a-long-password-2"
+
+
+def admin_login(
+    username: str, password: str, *, path: str = "/admin/login/", ip: str = "203.0.113.9"
+) -> Any:
+    return Client().post(path, {"username": username, "password": password}, REMOTE_ADDR=ip)
+
+
+def test_failed_admin_logins_are_recorded_without_the_password(
+    team: Team, django_user_model: Any, settings: Any
+) -> None:
+    settings.AXES_FAILURE_LIMIT = 3
+    django_user_model.objects.create_superuser("root", password=ADMIN_PASSWORD)
+    # Not the admin's login page: not recorded (and, from elsewhere, no step to the lockout).
+    admin_login("olive", "wrong-password-1", path="/login", ip="198.51.100.1")
+    assert admin_login("root", "wrong-password-2").status_code == 200
+    assert admin_login("nobody", "wrong-password-3").status_code == 200
+    assert admin_login("root", "wrong-password-4").status_code == 429  # the third: locked out
+    for _ in range(3):  # refused before any password is checked: not recorded
+        assert admin_login("root", ADMIN_PASSWORD).status_code == 429
+
+    assert events() == [
+        (Action.ADMIN_LOGIN_FAILED, "anonymous", "", "user root"),
+        (Action.ADMIN_LOGIN_FAILED, "anonymous", "", "user nobody"),
+        (Action.ADMIN_LOGIN_FAILED, "anonymous", "", "user root"),
+    ]
+    rows = AuditEvent.objects.order_by("pk")
+    assert [row.detail for row in rows] == [
+        {"address": "203.0.113.9", "locked_out": False},
+        {"address": "203.0.113.9", "locked_out": False},
+        {"address": "203.0.113.9", "locked_out": True},
+    ]
+    assert all(row.actor_user is None and row.team is None for row in rows)
+    stored = repr(list(AuditEvent.objects.values()))
+    for secret in ("wrong-password", ADMIN_PASSWORD, "*****"):
+        assert secret not in stored
 
 
 def test_the_admin_reads_but_never_edits_the_log(team: Team, admin_client: Any) -> None:

@@ -2,7 +2,6 @@ import json
 import os
 import subprocess
 import sys
-from typing import Any
 
 import httpx
 import pytest
@@ -57,13 +56,6 @@ async def test_asgi_guard_stops_a_chunked_body_past_the_limit(guarded: httpx.Asy
     )
     assert response.status_code == 413
     assert response.json()["error"]["code"] == "file_too_large"
-
-
-def test_health_and_readiness(client: Client, db: None, upstream: Any) -> None:
-    assert client.get("/healthz").json() == {"status": "ok"}
-    ready = client.get("/readyz")
-    assert ready.status_code == 200
-    assert ready.json()["checks"] == {"database": "ok", "index_dir": "ok", "inference": "ok"}
 
 
 def test_unknown_paths_answer_json_errors(client: Client, db: None) -> None:

@@ -17,7 +17,7 @@ import pytest
 import redis
 from kombu import pools as kombu_pools
 
-from apps.core.management.commands.runstack import worker_argv
+from apps.site.management.commands.runstack import worker_argv
 from config.celery import app as celery_app
 from config.env import BASE_DIR
 from tests.conftest import database_url

@@ -2,7 +2,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from apps.core.rotation import encryption_rotate
+from apps.site.rotation import encryption_rotate
 
 
 class Command(BaseCommand):

@@ -1,6 +1,6 @@
-"""Liveness, readiness, metrics, and Django's error handlers in the API's error shape.
+"""Liveness, readiness, metrics and the about page.
 
-Readiness and metrics answer only whom ``apps.core.monitoring`` lets in."""
+Readiness and metrics answer only whom :mod:`apps.site.monitoring` lets in."""
 
 from __future__ import annotations
 
@@ -16,9 +16,10 @@ from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
 import inference
+from apps.chat.services.models import inference_client, model_registry
 from apps.core.aio import db_call
-from apps.core.exceptions import error_body
-from apps.core.monitoring import monitoring_endpoint
+from apps.site.monitoring import monitoring_endpoint
+from apps.usage.metrics import metrics_exposition
 
 logger = logging.getLogger(__name__)
 
@@ -63,8 +64,6 @@ def _check_database() -> str:
 async def _check_inference() -> str:
     """Every model alias has an upstream that answers its model list (with the alias's API
     key) within the timeout."""
-    from apps.chat.services.models import inference_client, model_registry
-
     for entry in model_registry():
         failure: BaseException | None = None
         for upstream in entry.upstreams:
@@ -108,40 +107,9 @@ def _check_broker() -> str:
 @monitoring_endpoint
 def metrics(request: HttpRequest) -> HttpResponse:
     """Prometheus text exposition, aggregated over the worker processes."""
-    from apps.usage.metrics import metrics_exposition
-
     body, content_type = metrics_exposition()
     return HttpResponse(body, content_type=content_type)
 
 
 def home(request: HttpRequest) -> HttpResponse:
     return render(request, "home.html")
-
-
-def _error(status: int, *, type: str, code: str, message: str) -> JsonResponse:
-    return JsonResponse(error_body(type=type, code=code, message=message), status=status)
-
-
-def bad_request(request: HttpRequest, exception: Exception) -> JsonResponse:
-    return _error(
-        400, type="invalid_request_error", code="bad_request", message="The request is malformed."
-    )
-
-
-def permission_denied(request: HttpRequest, exception: Exception) -> JsonResponse:
-    return _error(
-        403, type="permission_error", code="permission_denied", message="You may not do this."
-    )
-
-
-def not_found(request: HttpRequest, exception: Exception) -> JsonResponse:
-    return _error(404, type="not_found_error", code="not_found", message="No such object.")
-
-
-def server_error(request: HttpRequest) -> JsonResponse:
-    return _error(
-        500,
-        type="server_error",
-        code="internal_error",
-        message="The server failed; it has been logged.",
-    )

@@ -3,7 +3,7 @@ from django.urls import path
 
 from apps.accounts.views import keys_page
 from apps.chat.views import chat_page
-from apps.core import apis
+from apps.site import apis
 from apps.usage.views import usage_page
 
 urlpatterns = [

@@ -12,7 +12,7 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 
-from apps.core.management.commands.runinference import inference_argv
+from apps.site.management.commands.runinference import inference_argv
 
 
 def worker_argv(python: str, *, beat: bool = False, concurrency: int = 1) -> list[str]:

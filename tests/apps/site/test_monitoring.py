@@ -1,6 +1,6 @@
-"""/metrics and /readyz: open on the embedded default, else only to a bearer of
-METRICS_TOKEN or a client in METRICS_ALLOWED_NETWORKS; readiness includes the inference
-tier, reached with the app's INFERENCE_API_KEY."""
+"""/healthz answers; /metrics and /readyz: open on the embedded default, else only to a
+bearer of METRICS_TOKEN or a client in METRICS_ALLOWED_NETWORKS; readiness includes the
+inference tier, reached with the app's INFERENCE_API_KEY."""
 
 from __future__ import annotations
 
@@ -23,6 +23,13 @@ def closed(settings: Any, upstream: FakeUpstream) -> Any:
     settings.METRICS_TOKEN = ""
     settings.METRICS_ALLOWED_NETWORKS = []
     return settings
+
+
+def test_health_and_readiness(client: Client, upstream: FakeUpstream) -> None:
+    assert client.get("/healthz").json() == {"status": "ok"}
+    ready = client.get("/readyz")
+    assert ready.status_code == 200
+    assert ready.json()["checks"] == {"database": "ok", "index_dir": "ok", "inference": "ok"}
 
 
 def refusal(response: Any) -> tuple[int, str]:
@@ -99,7 +106,7 @@ def test_readiness_fails_when_the_tier_is_unreachable(settings: Any, db: None) -
 
 
 def test_the_embedded_tier_requires_the_apps_key_when_one_is_set(settings: Any) -> None:
-    from apps.core.management.commands.runinference import inference_argv
+    from apps.site.management.commands.runinference import inference_argv
 
     settings.INFERENCE_API_KEY = ""
     assert "--api_key" not in inference_argv(host="127.0.0.1", port=8080, n_ctx=512)
