@@ -29,20 +29,21 @@ What is measured (one run, three parts, each printed as a table)
        p95, retrieval / (retrieval + TTFT) and retrieval / TTFT.
     3. Tokens/s arriving at an SSE client, app against tier, at each ``--concurrency``
        (default 1 and 4 streams at once, started together from threads), ``--stream-reps``
-       times each. A stream's rate is (tokens after the first chunk) / (last chunk time -
-       first chunk time), counting ``delta`` events for the app and chunks with non-empty
-       ``delta.content`` for the tier (llama.cpp sends one token per chunk). The app merges
-       the tokens that reach it in one read into one ``delta``; the fake tier's tokens (``
-       t0``, `` t1``, ...) are counted inside it, any other text as one token per chunk. A
-       batch's aggregate rate is (all tokens - the first chunk's) / (last chunk of any
-       stream - first chunk of any stream). Reported: median per-stream and aggregate rates
-       and their ratios app/tier, chunks per stream, and the median wait to a stream's first
-       token. The real tier serves one request at a time, so concurrent streams queue behind
-       each other. The same is then measured against the scripted fake upstream
-       (``tests.fake_upstream``, one token every ``--fake-delays`` seconds, 10 ms and 1 ms
-       by default, streams served concurrently), which isolates the app's own overhead
-       (``--no-fake`` skips it). The fake also records what the app sends: before part 1 the
-       script checks that the app's request body is exactly the one sent directly.
+       times each. A stream's rate is its tokens / (last chunk time - request sent),
+       counting ``delta`` events for the app and chunks with non-empty ``delta.content`` for
+       the tier (llama.cpp sends one token per chunk). The app merges the tokens that reach
+       it in one read into one ``delta``; the fake tier's tokens (`` t0``, `` t1``, ...) are
+       counted inside it, any other text as one token per chunk. A batch's aggregate rate is
+       all tokens / (last chunk of any stream - first request sent): spans from the request,
+       so a burst of merged tokens is not flattered. Reported: median per-stream and
+       aggregate rates and their ratios app/tier, chunks per stream, and the median wait to
+       a stream's first token. The real tier serves one request at a time, so concurrent
+       streams queue behind each other. The same is then measured against the scripted fake
+       upstream (``tests.fake_upstream``, one token every ``--fake-delays`` seconds, 10 ms
+       and 1 ms by default, streams served concurrently), which isolates the app's own
+       overhead (``--no-fake`` skips it). The fake also records what the app sends: before
+       part 1 the script checks that the app's request body is exactly the one sent
+       directly.
 
 How
     A fresh temp ``RAGTIER_DATA_DIR`` (new SQLite file, index files, logs; ``DATABASE_URL``
@@ -306,11 +307,13 @@ class Stream:
 
     @property
     def rate(self) -> float | None:
-        """Tokens per second after the first chunk."""
+        """Tokens per second from the request to the last token: a stream that arrives in
+        bursts (tokens merged while the app catches up) is not flattered by a short span
+        between its first and last chunk."""
         times = self.chunk_times
-        if len(times) < 2 or times[-1] == times[0]:
+        if not times or times[-1] <= self.sent:
             return None
-        return (sum(self.chunk_tokens) - self.chunk_tokens[0]) / (times[-1] - times[0])
+        return sum(self.chunk_tokens) / (times[-1] - self.sent)
 
 
 # The fake tier's tokens (" t0", " t1", ...): counted inside a merged delta. Any other text
@@ -377,7 +380,14 @@ def new_conversation(client: httpx.Client) -> int:
 
 
 def app_body(question: str, max_tokens: int) -> dict[str, Any]:
-    return {"content": question, "max_tokens": max_tokens, "top_k": 0, "stream": True}
+    # cache: false: every round must reach the tier, not replay the response cache.
+    return {
+        "content": question,
+        "max_tokens": max_tokens,
+        "top_k": 0,
+        "stream": True,
+        "cache": False,
+    }
 
 
 def direct_body(tokenizer: Any, question: str, max_tokens: int) -> dict[str, Any]:
@@ -651,14 +661,11 @@ class BatchStats:
                 self.per_stream.append(rate)
             self.chunks.append(len(stream.chunk_times))
             self.wait_ms.append(stream.ttft * 1000.0)
-        arrivals = sorted(
-            (time_, tokens)
-            for stream in streams
-            for time_, tokens in zip(stream.chunk_times, stream.chunk_tokens, strict=True)
-        )
-        if len(arrivals) > 1 and arrivals[-1][0] > arrivals[0][0]:
-            tokens = sum(n for _, n in arrivals) - arrivals[0][1]
-            self.aggregate.append(tokens / (arrivals[-1][0] - arrivals[0][0]))
+        done = [stream for stream in streams if stream.chunk_times]
+        if done:
+            tokens = sum(sum(stream.chunk_tokens) for stream in done)
+            span = max(s.chunk_times[-1] for s in done) - min(s.sent for s in streams)
+            self.aggregate.append(tokens / span)
 
 
 def measure_throughput(

@@ -105,7 +105,7 @@ class App:
 
     def ttft(self, conversation: int, **body: Any) -> float:
         """Seconds to the first delta (the answer read to its end)."""
-        body = {"content": "Where is the key?", "top_k": 0, "stream": True, **body}
+        body = {"content": "Where is the key?", "top_k": 0, "stream": True, "cache": False, **body}
         sent = time.perf_counter()
         first: float | None = None
         with self.http.stream(
