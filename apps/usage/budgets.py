@@ -35,6 +35,7 @@ meanwhile at the next reconciliation).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import threading
 import uuid
@@ -208,6 +209,17 @@ def budget_reserve(
     quotas = _quotas(limits, now, team)
     held = _Hold(buckets, slots, quotas, deferred=False)
     store = limiter() if (buckets or slots or quotas) else limiter("database")
+    # The database store, through the one writer (a store passed in: Redis may be down).
+    reserve_local = functools.partial(
+        budget_writer.run,
+        _reserve,
+        team=team,
+        api_key=api_key,
+        kind=kind,
+        tokens=tokens,
+        held=held,
+        now=now,
+    )
     try:
         if isinstance(store, RedisLimiter):
             return _reserve_remote(
@@ -220,16 +232,7 @@ def budget_reserve(
                 now=now,
                 defer_record=defer_record,
             )
-        return budget_writer.run(
-            _reserve,
-            team=team,
-            api_key=api_key,
-            kind=kind,
-            tokens=tokens,
-            held=held,
-            store=store,
-            now=now,
-        )
+        return reserve_local(store=store)
     except LimiterUnavailable as exc:
         if settings.RATE_LIMIT_REDIS_FALLBACK != "database":
             metrics.ADMISSION_UNAVAILABLE.inc()
@@ -239,16 +242,7 @@ def budget_reserve(
                 headers={"Retry-After": str(LIMITER_RETRY_SECONDS)},
             ) from exc
         logger.warning("the limiter is down, enforcing from the database: %s", exc)
-        return budget_writer.run(
-            _reserve,
-            team=team,
-            api_key=api_key,
-            kind=kind,
-            tokens=tokens,
-            held=held,
-            store=limiter("database"),
-            now=now,
-        )
+        return reserve_local(store=limiter("database"))
 
 
 def _quotas(limits: list[Limit], now: datetime, team: Team) -> list[Quota]:
