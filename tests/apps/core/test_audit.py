@@ -17,6 +17,7 @@ from rest_framework.test import APIClient
 from apps.accounts.models import ApiKey, Membership, Team
 from apps.accounts.selectors import api_key_cache
 from apps.accounts.services import api_key_create, api_key_update, membership_add
+from apps.chat.events import event_buffers_delete
 from apps.chat.models import Conversation, Message
 from apps.chat.services.retention import retention_purge
 from apps.core.models import AuditEvent
@@ -180,7 +181,9 @@ def test_limit_changes_in_the_admin_and_the_command(
 
 def old_conversation(team: Team, *, days: int) -> None:
     conversation = Conversation.objects.create(team=team, title="t")
-    Message.objects.create(conversation=conversation, team=team, role="user", content="q")
+    message = Message.objects.create(conversation=conversation, team=team, role="user", content="q")
+    # A Redis buffer another test left under this (reused) message id is not this test's.
+    event_buffers_delete(message_ids=[message.pk])
     then = timezone.now() - timedelta(days=days)
     Message.objects.filter(conversation=conversation).update(created_at=then)
     Conversation.objects.filter(pk=conversation.pk).update(updated_at=then)
