@@ -69,6 +69,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import os
 import re
@@ -120,13 +121,26 @@ async def recorded(request):
 
 async def set_delay(request):
     upstream.script.delay = float(request.query_params["seconds"])
-    return JSONResponse({"delay": upstream.script.delay})
+    upstream.script.stamp = request.query_params.get("stamp") == "1"
+    return JSONResponse({"delay": upstream.script.delay, "stamp": upstream.script.stamp})
 
 
 routes = [Route("/bench/requests", recorded), Route("/bench/delay", set_delay, methods=["POST"])]
 app = Starlette(routes=[*upstream.app().routes, *routes])
+from bench.answer_latency import quiet_gc
+quiet_gc()
 uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
 """
+
+
+def quiet_gc() -> None:
+    """The measuring processes (the client, the fake tier) collect garbage as the app's web
+    process does (``apps.site.warmup``): startup heap frozen, young generation collected
+    every 10,000 allocations. Their own collection pauses would otherwise be counted as
+    the app's."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(10_000, 50, 100)
 
 
 # --------------------------------------------------------------------------- processes
@@ -293,11 +307,14 @@ class Stream:
     chunk_times: list[float] = field(default_factory=list)
     chunk_tokens: list[int] = field(default_factory=list)
     """Tokens in each chunk: the app merges the tokens that reach it in one read."""
+    trips: list[tuple[float, float]] = field(default_factory=list)
+    """(sent by the tier, seconds until it arrived here) for each stamped token."""
     error: str | None = None
 
     def add(self, arrived: float, text: str) -> None:
         self.chunk_times.append(arrived)
         self.chunk_tokens.append(len(FAKE_TOKEN.findall(text)) or 1)
+        self.trips += [(float(t), arrived - float(t)) for t in SENT_AT.findall(text)]
 
     @property
     def ttft(self) -> float:
@@ -319,6 +336,7 @@ class Stream:
 # The fake tier's tokens (" t0", " t1", ...): counted inside a merged delta. Any other text
 # counts one token per chunk.
 FAKE_TOKEN = re.compile(r" t\d+")
+SENT_AT = re.compile(r"@(\d+\.\d+)")  # the fake's ``stamp``: when it sent the token
 
 
 def stream_direct(client: httpx.Client, body: dict[str, Any]) -> Stream:

@@ -32,14 +32,21 @@ What is measured (every part in both configurations; one line per target,
        Targets: >= 0.97x at 4 streams, >= 0.95x at 32.
     4. ``--streams`` (1,000) native SSE streams at once into one uvicorn worker, opened
        together from one ``httpx.AsyncClient``, against a slow fake tier (one token a
-       second, ``--slow-tokens`` (20) per answer). Added inter-token gap = gap between
-       consecutive ``delta`` events of a stream - 1.0 s, p99 over every gap of every stream
-       (target <= 10 ms). Memory per stream = (peak VmRSS of the uvicorn process while the
+       second, ``--slow-tokens`` (60) per answer), and the same streams straight to the
+       fake first. The fake stamps each token with the moment it sent it (its ``stamp``
+       script; the monotonic clock is one clock for every process of the machine), so
+       each token's trip, tier -> client, is timed however the app merges tokens. Trips are
+       split at the moment every stream has its first token: before (the ramp, while the
+       rest are still being opened) and after (all open, until the first stream ends).
+       Added token delay = p99 of the trips via the app - p99 of the trips straight to the
+       fake, all open (target <= 10 ms; the figures beside it say what the client and the
+       fake add by themselves, and what opening costs the streams already open). The
+       inter-chunk gap (the old figure: gap between consecutive ``delta`` events - 1.0 s)
+       is shown too. Memory per stream = (peak VmRSS of the uvicorn process while the
        streams run - VmRSS just before) / streams, from /proc/<pid>/status. PostgreSQL
        connections = peak count of ``pg_stat_activity`` rows for the bench database,
        sampled every 0.2 s from a connection to another database while the streams run
-       (target under 20; n/a on SQLite). The same streams straight to the fake tier are
-       measured first, as a reference for what the client and the fake add by themselves.
+       (target under 20; n/a on SQLite).
 
 How
     One child process per configuration (this script again, with ``--child``), each with a
@@ -55,7 +62,9 @@ How
     fake, ``INFERENCE_MAX_CONCURRENCY=2000``, ``INFERENCE_QUEUE_TIMEOUT=30``); the app
     counts with its default tokenizer (the real GGUF one), as answer_latency's fake part
     does. The open-file limit is raised to its hard limit first (the subprocesses inherit
-    it). Wall clock: ``time.perf_counter`` at the client. On a machine with few cores the
+    it). The client and the fake collect garbage as the app's web process does
+    (``quiet_gc``: startup heap frozen, young generation every 10,000 allocations), so
+    that their own pauses are not counted as the app's. Wall clock: ``time.perf_counter`` at the client. On a machine with few cores the
     fake, the app, the databases and this client share them: the load average at the start
     of each part is printed per configuration. The parent prints the table at the end.
 
@@ -70,6 +79,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import operator
 import os
@@ -114,6 +124,7 @@ from bench.answer_latency import (  # noqa: E402
     measure_throughput,
     median,
     new_conversation,
+    quiet_gc,
     service_env,
     setup_data,
     start_app,
@@ -237,8 +248,10 @@ class Stack:
     app: httpx.Client
     tier: httpx.Client
 
-    def set_delay(self, seconds: float) -> None:
-        self.tier.post("/bench/delay", params={"seconds": seconds}).raise_for_status()
+    def set_delay(self, seconds: float, *, stamp: bool = False) -> None:
+        """The fake's pause before each token; ``stamp``: tokens carry their send time."""
+        params = {"seconds": seconds, "stamp": int(stamp)}
+        self.tier.post("/bench/delay", params=params).raise_for_status()
 
 
 def raise_fd_limit() -> int:
@@ -397,16 +410,17 @@ def part_throughput(stack: Stack, part: Part) -> None:
 # --------------------------------------------------------------------------- part 4
 
 
-def has_content(payload: str) -> bool:
-    """An OpenAI-style chunk with non-empty ``delta.content``."""
+def content_of(payload: str) -> str:
+    """The ``delta.content`` of an OpenAI-style chunk ('' for none, and for ``[DONE]``)."""
     if payload == "[DONE]":
-        return False
+        return ""
     choices = json.loads(payload).get("choices") or []
-    return any((c.get("delta") or {}).get("content") for c in choices)
+    return "".join((c.get("delta") or {}).get("content") or "" for c in choices)
 
 
 async def timed_stream(client: httpx.AsyncClient, path: str, body: dict[str, Any]) -> Stream:
-    """One streaming POST; times of content tokens (native ``delta`` events or OpenAI chunks)."""
+    """One streaming POST; the arrival of each content chunk (native ``delta`` events or
+    OpenAI chunks) with its text (tokens counted inside, stamps read: ``Stream.add``)."""
     native = path.startswith("/api/")
     result = Stream(time.perf_counter())
     headers = {"Accept": "text/event-stream"} if native else {}
@@ -420,13 +434,15 @@ async def timed_stream(client: httpx.AsyncClient, path: str, body: dict[str, Any
                 now = time.perf_counter()
                 if line.startswith("event:"):
                     event = line[6:].strip()
-                    if event == "delta":
-                        result.chunk_times.append(now)
-                elif line.startswith("data:") and (event == "error" or not native):
-                    if native:
-                        result.error = line[5:].strip()[:200]
-                    elif has_content(line[5:].strip()):
-                        result.chunk_times.append(now)
+                elif not line.startswith("data:"):
+                    continue
+                elif not native:
+                    if text := content_of(line[5:].strip()):
+                        result.add(now, text)
+                elif event == "delta":
+                    result.add(now, json.loads(line[5:])["text"])
+                elif event == "error":
+                    result.error = line[5:].strip()[:200]
     except (httpx.HTTPError, OSError) as exc:
         result.error = f"{type(exc).__name__}: {exc}"[:200]
     return result
@@ -499,21 +515,59 @@ class Sampler(threading.Thread):
             self.conn.close()
 
 
-def gap_stats(streams: list[Stream], delay: float) -> tuple[list[float], int, float]:
-    """Added inter-token gaps in ms, most streams open at once, seconds until all were open."""
+@dataclass
+class Trips:
+    """How the tokens of many streams travelled from the tier to the client."""
+
+    all_open: float
+    """Seconds from the first request until every stream had its first token."""
+    peak: int
+    """Most streams open at once."""
+    steady: list[float]
+    """Trip (tier send -> client) of each token sent while every stream was open, in ms."""
+    ramp: list[float]
+    """The same for tokens sent before every stream was open."""
+    gaps: list[float]
+    """Gap between consecutive chunks of a stream minus the tier's delay, in ms (a merged
+    chunk counts once, so a late read shows as one long gap)."""
+
+
+def trip_stats(streams: list[Stream], delay: float) -> Trips:
     good = [s for s in streams if not s.error and s.chunk_times]
-    added = [
-        (later - earlier - delay) * 1000.0
-        for s in good
-        for earlier, later in zip(s.chunk_times, s.chunk_times[1:], strict=False)
-    ]
+    if not good:
+        return Trips(0.0, 0, [], [], [])
     edges = sorted([(s.chunk_times[0], 1) for s in good] + [(s.chunk_times[-1], -1) for s in good])
     open_now = peak = 0
     for _, step in edges:
         open_now += step
         peak = max(peak, open_now)
-    ramp = max(s.chunk_times[0] for s in good) - min(s.sent for s in streams) if good else 0.0
-    return added, peak, ramp
+    opened = max(s.chunk_times[0] for s in good)  # the last stream's first token
+    closing = min(s.chunk_times[-1] for s in good)  # the first stream's last token
+    trips = [trip for s in good for trip in s.trips]
+    return Trips(
+        all_open=opened - min(s.sent for s in streams),
+        peak=peak,
+        steady=[t * 1000 for sent, t in trips if opened <= sent < closing],
+        ramp=[t * 1000 for sent, t in trips if sent < opened],
+        gaps=[
+            (later - earlier - delay) * 1000.0
+            for s in good
+            for earlier, later in itertools.pairwise(s.chunk_times)
+        ],
+    )
+
+
+def describe(trips: Trips) -> str:
+    def p(values: list[float], q: float) -> str:
+        return f"{percentile(values, q):.1f}" if values else "-"
+
+    return (
+        f"token trip tier -> client, all {trips.peak} open: p50 {p(trips.steady, 50)} ms, "
+        f"p99 {p(trips.steady, 99)} ms ({len(trips.steady)} tokens); while opening "
+        f"(all first tokens in {trips.all_open:.1f} s): p50 {p(trips.ramp, 50)} ms, "
+        f"p99 {p(trips.ramp, 99)} ms; inter-chunk gap - {1000:.0f} ms: p50 "
+        f"{p(trips.gaps, 50)} ms, p99 {p(trips.gaps, 99)} ms"
+    )
 
 
 def part_streams(stack: Stack, part: Part) -> None:
@@ -521,18 +575,15 @@ def part_streams(stack: Stack, part: Part) -> None:
 
     args = stack.args
     count, tokens, delay = args.streams, args.slow_tokens, 1.0
-    stack.set_delay(delay)
+    stack.set_delay(delay, stamp=True)
     body_direct = direct_body(stack.tokenizer, QUESTION, tokens)
-    reference = asyncio.run(
-        open_streams(stack.tier_url, {}, [("/v1/chat/completions", body_direct)] * count)
+    reference = trip_stats(
+        asyncio.run(
+            open_streams(stack.tier_url, {}, [("/v1/chat/completions", body_direct)] * count)
+        ),
+        delay,
     )
-    ref_added, ref_peak, _ = gap_stats(reference, delay)
-    if ref_added:
-        part.notes.append(
-            f"reference, {count} streams straight to the fake tier: added gap p50 "
-            f"{percentile(ref_added, 50):.1f} ms, p99 {percentile(ref_added, 99):.1f} ms "
-            f"(client + fake alone), {ref_peak} open at once"
-        )
+    part.notes.append(f"straight to the fake tier (client + fake alone): {describe(reference)}")
 
     conversations = [new_conversation(stack.app) for _ in range(count)]
     connections.close_all()  # this process's own connection is not the app's
@@ -553,24 +604,25 @@ def part_streams(stack: Stack, part: Part) -> None:
         )
     finally:
         sampler.finish()
-    added, peak, ramp = gap_stats(streams, delay)
+        stack.set_delay(0.0)
+    via_app = trip_stats(streams, delay)
     errors = [s.error for s in streams if s.error]
-    complete = sum(1 for s in streams if not s.error and len(s.chunk_times) == tokens)
-    part.add(
-        "added inter-token gap p99", percentile(added, 99) if added else None, " ms", ("<=", 10)
+    complete = sum(1 for s in streams if not s.error and sum(s.chunk_tokens) == tokens)
+    added = (
+        percentile(via_app.steady, 99) - percentile(reference.steady, 99)
+        if via_app.steady and reference.steady
+        else None
     )
+    part.add("added token delay p99, all open", added, " ms", ("<=", 10))
     rss_peak = max(sampler.rss_kib)
     part.add("memory per open stream", (rss_peak - rss_before) / count, " KiB", digits=1)
     peak_connections = max(sampler.connections) if sampler.connections else None
     part.add("PostgreSQL connections, peak", peak_connections, "", ("<", 20), 0)
-    if added:
-        part.notes.append(
-            f"{count} streams via the app: {complete} complete, {len(errors)} failed, "
-            f"{peak} open at once (all first tokens within {ramp:.1f} s); added gap p50 "
-            f"{percentile(added, 50):.1f} ms, max {max(added):.1f} ms; TTFT p50 "
-            f"{percentile([s.ttft * 1000 for s in streams if s.chunk_times], 50):.0f} ms "
-            f"(the tier waits {delay:g} s before its first token)"
-        )
+    part.notes.append(
+        f"via the app ({complete} of {count} complete, {len(errors)} failed, TTFT p50 "
+        f"{percentile([s.ttft * 1000 for s in streams if s.chunk_times] or [0.0], 50):.0f} ms "
+        f"with the tier's {delay:g} s first): {describe(via_app)}"
+    )
     part.notes.append(
         f"uvicorn RSS {rss_before / 1024:.0f} MiB before, {rss_peak / 1024:.0f} MiB peak"
         + ("" if connections_before is None else f"; {connections_before} connections before")
@@ -602,6 +654,7 @@ def child(args: argparse.Namespace) -> int:
     django.setup()
     from inference import GGUFTokenizer
 
+    quiet_gc()
     parts: dict[str, Part] = {}
     services = Services(data_dir)
     with contextlib.ExitStack() as cleanup:
@@ -683,7 +736,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=500, help="part 3: tokens per stream")
     parser.add_argument("--reps", type=int, default=3, help="part 3: batches per count and kind")
     parser.add_argument("--streams", type=int, default=1000, help="part 4: streams at once")
-    parser.add_argument("--slow-tokens", type=int, default=20, help="part 4: tokens per stream")
+    parser.add_argument("--slow-tokens", type=int, default=60, help="part 4: tokens per stream")
     parser.add_argument("--database-url", default=DEFAULT_DATABASE_URL)
     parser.add_argument("--redis-url", default=DEFAULT_REDIS_URL)
     parser.add_argument("--keep", action="store_true", help="keep the temp folders and logs")

@@ -1,5 +1,6 @@
 """ASGI entry point: static files, then Django behind a body-size guard (413 before
-Django buffers the body)."""
+Django buffers the body). Importing it starts a web process: the models are loaded and
+the startup heap frozen before the server listens (apps.site.warmup)."""
 
 from django.core import signals
 from django.core.asgi import get_asgi_application
@@ -19,5 +20,7 @@ signals.request_started.disconnect(close_old_connections)
 signals.request_started.disconnect(reset_queries)
 
 from apps.core.asgi import BodySizeLimit, StaticFiles  # noqa: E402  (needs settings)
+from apps.site.warmup import web_process_start  # noqa: E402
 
 application = StaticFiles(BodySizeLimit(django_application))
+web_process_start()

@@ -29,6 +29,7 @@ import functools
 import importlib
 import importlib.util
 import re
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -478,8 +479,15 @@ class FakeTokenizer:
 
 
 def load_tokenizer(backend: str, **options: Any) -> Tokenizer:
-    """Instantiate the tokenizer class named by a dotted path."""
-    return _load(backend, tuple(sorted(options.items())))
+    """The tokenizer class named by a dotted path, instantiated once per process: threads
+    asking together wait for the one load (a GGUF vocabulary takes about a second) rather
+    than each loading its own copy."""
+    key = (backend, tuple(sorted(options.items())))
+    with _loading:
+        return _load(*key)
+
+
+_loading = threading.Lock()
 
 
 @functools.cache

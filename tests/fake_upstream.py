@@ -42,6 +42,10 @@ class Script:
     malformed_after: int | None = None
     finish_reason: str = "stop"
     emit_max_tokens: bool = False
+    stamp: bool = False
+    """Each content token ends with ``@`` and the moment it was sent (``time.perf_counter``,
+    the machine's monotonic clock, the same in every process), so a bench can time each
+    token's trip however the app merges them."""
     prompt_tokens: int = 11
     max_model_len: int | None = None
     api_key: str | None = None
@@ -138,6 +142,8 @@ class FakeUpstream:
                 if number == script.malformed_after:
                     yield b"data: {not json\n\n"
                 await asyncio.sleep(script.delay)
+                if script.stamp:
+                    text = f"{text}@{time.perf_counter():.6f}"
                 yield chunk({"content": text})
             extra = {"usage": usage} if script.usage == "on_content" else {}
             yield chunk({}, finish=script.finish_reason, **extra)

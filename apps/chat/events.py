@@ -4,12 +4,14 @@ kept encrypted (:mod:`apps.core.crypto`): they hold the answer's text.
 
 Each append (a journal flush, every quarter second of an answer) is one record: a batch of
 events, sealed once. Per event, a row or list item and an encryption would cost more than
-the rest of the path a token takes; replay expands the batches again."""
+the rest of the path a token takes; replay expands the batches again. The flushes of every
+answer a process streams go out together (:meth:`EventStore.append_many`): one insert, or
+one Redis round trip, a quarter second, however many streams are open."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
 import redis
@@ -26,6 +28,9 @@ class EventStore(Protocol):
     async def append(self, message_id: int, events: Events) -> None:
         """Store ``events`` (numbered, in order, not empty) as one record."""
 
+    async def append_many(self, batches: Mapping[int, Events]) -> None:
+        """:meth:`append` for several messages at once, in one write."""
+
     async def after(self, message_id: int, seq: int) -> Events:
         """The stored events numbered after ``seq``, in order."""
 
@@ -38,10 +43,14 @@ BATCH = "batch"
 
 class DatabaseEventStore:
     async def append(self, message_id: int, events: Events) -> None:
-        await db_call(MessageEvent.objects.bulk_create)(
-            [MessageEvent(message_id=message_id, seq=events[-1][0], event=BATCH, data=events)],
-            ignore_conflicts=True,
-        )
+        await self.append_many({message_id: events})
+
+    async def append_many(self, batches: Mapping[int, Events]) -> None:
+        rows = [
+            MessageEvent(message_id=message_id, seq=events[-1][0], event=BATCH, data=events)
+            for message_id, events in batches.items()
+        ]
+        await db_call(MessageEvent.objects.bulk_create)(rows, ignore_conflicts=True)
 
     async def after(self, message_id: int, seq: int) -> Events:
         return await db_call(self._after)(message_id, seq)
@@ -65,10 +74,14 @@ class RedisEventStore:
         return event_buffer_key(message_id)
 
     async def append(self, message_id: int, events: Events) -> None:
-        key = self.key(message_id)
-        async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.rpush(key, _seal([events[-1][0], BATCH, events]))
-            pipe.expire(key, self._ttl)
+        await self.append_many({message_id: events})
+
+    async def append_many(self, batches: Mapping[int, Events]) -> None:
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for message_id, events in batches.items():
+                key = self.key(message_id)
+                pipe.rpush(key, _seal([events[-1][0], BATCH, events]))
+                pipe.expire(key, self._ttl)
             await pipe.execute()
 
     async def after(self, message_id: int, seq: int) -> Events:

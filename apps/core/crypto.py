@@ -45,7 +45,7 @@ def encryption_keys() -> tuple[str, ...]:
     keys = tuple(key.strip() for key in settings.ENCRYPTION_KEYS if key.strip())
     if keys:
         return keys
-    return (_key_file_read_or_create(Path(settings.ENCRYPTION_KEY_FILE)),)
+    return (_key_file_key(str(settings.ENCRYPTION_KEY_FILE)),)
 
 
 def fernet() -> MultiFernet:
@@ -62,6 +62,12 @@ def _fernet(keys: tuple[str, ...]) -> MultiFernet:
             "bytes each; make one with: python -c 'from cryptography.fernet import Fernet; "
             "print(Fernet.generate_key().decode())')."
         ) from None
+
+
+@functools.cache
+def _key_file_key(path: str) -> str:
+    """The key file's key, read once per process (not once per encryption)."""
+    return _key_file_read_or_create(Path(path))
 
 
 def _key_file_read_or_create(path: Path) -> str:

@@ -95,6 +95,12 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # from open streams however many there are (apps.core.aio).
 DATABASE_THREADS = env.int("DATABASE_THREADS", default=8)
 
+# The web process's cyclic garbage collector (apps.site.warmup): its startup heap (Django,
+# torch, the tokenizers) is frozen out of collections, and the young generation is
+# collected every this many allocations (CPython's default is 700). At a thousand open
+# streams each full collection stops every stream for 0.1-0.5 s; bench/gateway.py part 4.
+WEB_GC_THRESHOLDS = tuple(env.list("WEB_GC_THRESHOLDS", cast=int, default=[10_000, 50, 100]))
+
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},

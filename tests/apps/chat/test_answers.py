@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -354,6 +355,44 @@ def test_replay_after_last_event_id_without_gap_or_duplicate(
     assert [f["data"] for f in replayed] == [f["data"] for f in frames[3:]]
 
 
+@pytest.mark.parametrize("buffer", ["database", "redis"])
+def test_answers_streaming_together_share_each_journal_write_and_replay_whole(
+    upstream: FakeUpstream,
+    http: httpx.Client,
+    settings: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    buffer: str,
+) -> None:
+    """One write a quarter second carries every open answer's events (a thousand streams
+    are not a thousand writes a second), and each answer still replays exactly."""
+    from apps.chat.events import DatabaseEventStore, RedisEventStore
+
+    settings.STREAM_BUFFER_REDIS_URL = redis_url() if buffer == "redis" else ""
+    store = RedisEventStore if buffer == "redis" else DatabaseEventStore
+    writes: list[int] = []
+    original = store.append_many
+
+    async def counted(self: Any, batches: dict[int, list[Any]]) -> None:
+        writes.append(len(batches))
+        await original(self, batches)
+
+    monkeypatch.setattr(store, "append_many", counted)
+    upstream.script.tokens = [f" w{i}" for i in range(12)]
+    upstream.script.delay = 0.05
+    conversations = [conversation_for(http) for _ in range(4)]
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(
+            pool.map(lambda c: ask_stream(http, c, content="Hi", top_k=0), conversations)
+        )
+    assert max(writes) > 1
+    for frames in answers:
+        assert [f["event"] for f in frames][-2:] == ["usage", "done"]
+        message_id = frames[0]["data"]["message_id"]
+        with http.stream("GET", f"/api/v1/messages/{message_id}/events") as response:
+            replayed = [f for f in parse_sse(response.iter_lines()) if "comment" not in f]
+        assert [(f["id"], f["data"]) for f in replayed] == [(f["id"], f["data"]) for f in frames]
+
+
 def test_resume_while_the_answer_is_still_streaming(
     upstream: FakeUpstream, http: httpx.Client, settings: Any
 ) -> None:
@@ -432,12 +471,12 @@ def test_a_failing_event_journal_never_fails_the_answer(
 
     attempts: list[int] = []
 
-    async def refuse(self: Any, message_id: int, events: list[Any]) -> None:
-        attempts.append(len(events))
+    async def refuse(self: Any, batches: dict[int, list[Any]]) -> None:
+        attempts.append(sum(len(events) for events in batches.values()))
         raise DatabaseError("the journal is down")
 
     settings.STREAM_BUFFER_REDIS_URL = ""
-    monkeypatch.setattr(DatabaseEventStore, "append", refuse)
+    monkeypatch.setattr(DatabaseEventStore, "append_many", refuse)  # append goes through it
     upstream.script.tokens = [f" w{i}" for i in range(8)]
     upstream.script.delay = 0.1  # several flushes, each refused
     frames = ask_stream(http, conversation_for(http), content="Hi", top_k=0)
