@@ -77,12 +77,16 @@ class RedisEventStore:
         await self.append_many({message_id: events})
 
     async def append_many(self, batches: Mapping[int, Events]) -> None:
-        async with self._redis.pipeline(transaction=False) as pipe:
-            for message_id, events in batches.items():
-                key = self.key(message_id)
-                pipe.rpush(key, _seal([events[-1][0], BATCH, events]))
-                pipe.expire(key, self._ttl)
-            await pipe.execute()
+        # Sealing a thousand batches takes tens of milliseconds: on the pool, not on the
+        # event loop every open stream shares; and the writes go in slices, so that no one
+        # pipeline's packing and replies hold the loop for long either.
+        records = await db_call(_seal_records)(batches)
+        for start in range(0, len(records), PIPELINE_SLICE):
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for key, record in records[start : start + PIPELINE_SLICE]:
+                    pipe.rpush(key, record)
+                    pipe.expire(key, self._ttl)
+                await pipe.execute()
 
     async def after(self, message_id: int, seq: int) -> Events:
         raw = await self._redis.lrange(self.key(message_id), 0, -1)
@@ -119,6 +123,17 @@ EVENT_BUFFER_PREFIX = "ragtier:events:"
 
 def event_buffer_key(message_id: int) -> str:
     return f"{EVENT_BUFFER_PREFIX}{message_id}"
+
+
+PIPELINE_SLICE = 100
+"""Messages per Redis pipeline when many answers' events are written together."""
+
+
+def _seal_records(batches: Mapping[int, Events]) -> list[tuple[str, bytes]]:
+    return [
+        (event_buffer_key(message_id), _seal([events[-1][0], BATCH, events]))
+        for message_id, events in batches.items()
+    ]
 
 
 def _seal(event: list[Any]) -> bytes:

@@ -486,3 +486,30 @@ def test_a_failing_event_journal_never_fails_the_answer(
     message = Message.objects.get(role="assistant")
     assert (message.status, message.content) == ("complete", "".join(upstream.script.tokens))
     assert UsageRecord.objects.get(kind="chat").status == "ok"
+
+
+@pytest.mark.django_db
+def test_a_write_for_many_answers_goes_in_slices_and_loses_none(settings: Any) -> None:
+    """Hundreds of answers' events at once (a quarter second of a thousand streams): every
+    one stored under its message, readable in order, over several pipelines."""
+    import asyncio
+
+    from apps.chat.events import PIPELINE_SLICE, RedisEventStore
+
+    url = redis_url()
+    count = PIPELINE_SLICE * 2 + 50
+    batches = {
+        m: [(1, "delta", {"text": f"m{m}"}), (2, "delta", {"text": "!"})]
+        for m in range(1, count + 1)
+    }
+
+    async def write_then_read() -> list[Any]:
+        store = RedisEventStore(url, ttl=60)
+        await store.append_many(batches)
+        await store.append_many({7: [(3, "done", {"message_id": 7})]})
+        return [await store.after(m, 0) for m in (1, 7, count)]
+
+    first, seventh, last = asyncio.run(write_then_read())
+    assert first == [(1, "delta", {"text": "m1"}), (2, "delta", {"text": "!"})]
+    assert [e[2] for e in seventh] == [{"text": "m7"}, {"text": "!"}, {"message_id": 7}]
+    assert last[0] == (1, "delta", {"text": f"m{count}"})
