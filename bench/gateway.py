@@ -64,9 +64,10 @@ How
     does. The open-file limit is raised to its hard limit first (the subprocesses inherit
     it). The client and the fake collect garbage as the app's web process does
     (``quiet_gc``: startup heap frozen, young generation every 10,000 allocations), so
-    that their own pauses are not counted as the app's. Wall clock: ``time.perf_counter`` at the client. On a machine with few cores the
-    fake, the app, the databases and this client share them: the load average at the start
-    of each part is printed per configuration. The parent prints the table at the end.
+    that their own pauses are not counted as the app's. Wall clock: ``time.perf_counter``
+    at the client. On a machine with few cores the fake, the app, the databases and this
+    client share them: the load average at the start of each part is printed per
+    configuration. The parent prints the table at the end.
 
 Run
     .venv/bin/python bench/gateway.py
