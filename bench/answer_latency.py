@@ -309,6 +309,8 @@ class Stream:
     """Tokens in each chunk: the app merges the tokens that reach it in one read."""
     trips: list[tuple[float, float]] = field(default_factory=list)
     """(sent by the tier, seconds until it arrived here) for each stamped token."""
+    headers: float | None = None
+    """When the response's status and headers arrived (the app's: admitted, slot held)."""
     error: str | None = None
 
     def add(self, arrived: float, text: str) -> None:
@@ -371,6 +373,7 @@ def stream_app(client: httpx.Client, conversation_id: int, body: dict[str, Any])
         json=body,
         headers={"Accept": "text/event-stream"},
     ) as response:
+        result.headers = time.perf_counter()
         if response.status_code != 200:
             result.error = f"{response.status_code}: {response.read()[:300]!r}"
             return result
@@ -671,9 +674,12 @@ class BatchStats:
     aggregate: list[float] = field(default_factory=list)
     chunks: list[int] = field(default_factory=list)
     wait_ms: list[float] = field(default_factory=list)
+    headers_ms: list[float] = field(default_factory=list)
 
     def add(self, streams: list[Stream]) -> None:
         for stream in streams:
+            if stream.headers is not None:
+                self.headers_ms.append((stream.headers - stream.sent) * 1000.0)
             rate = stream.rate
             if rate is not None:
                 self.per_stream.append(rate)

@@ -402,9 +402,17 @@ def part_throughput(stack: Stack, part: Part) -> None:
             (">=", goals[count]),
             3,
         )
+        app_wait, tier_wait = stats[("app", count)].wait_ms, stats[("tier", count)].wait_ms
         part.notes.append(
             f"{count} streams: aggregate tokens/s app {app_rate:.0f}, tier {tier_rate:.0f} "
-            f"({stack.args.reps} batches each, {tokens} tokens per stream)"
+            f"({stack.args.reps} batches each, {tokens} tokens per stream); first token "
+            f"p50 / max: app {median(app_wait):.0f} / {max(app_wait):.0f} ms, tier "
+            f"{median(tier_wait):.0f} / {max(tier_wait):.0f} ms"
+            + (
+                f"; the app's response headers p50 / max {median(heads):.0f} / {max(heads):.0f} ms"
+                if (heads := stats[("app", count)].headers_ms)
+                else ""
+            )
         )
 
 

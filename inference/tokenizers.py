@@ -25,6 +25,7 @@ escaped contents; only the template's own markers are special tokens.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import importlib
 import importlib.util
@@ -131,6 +132,9 @@ class GGUFTokenizer:
         if not model_path.is_file():
             raise TokenizerUnavailable(f"GGUF file {model_path} does not exist")
         self._llama: Any = Llama(model_path=str(model_path), vocab_only=True, verbose=False)
+        # Freed before interpreter shutdown clears llama_cpp's module (a cached tokenizer
+        # lives that long; its finalizer would then fail, noisily).
+        atexit.register(self._llama.close)
         metadata: dict[str, str] = self._llama.metadata
         template = metadata.get("tokenizer.chat_template")
         if not template:

@@ -20,6 +20,7 @@ from django.conf import settings
 from apps.chat.models import MessageEvent
 from apps.core.aio import db_call, redis_client
 from apps.core.crypto import decrypt_bytes, encrypt_bytes
+from apps.core.group_commit import budget_writer
 
 Events = list[tuple[int, str, dict[str, Any]]]
 
@@ -50,7 +51,9 @@ class DatabaseEventStore:
             MessageEvent(message_id=message_id, seq=events[-1][0], event=BATCH, data=events)
             for message_id, events in batches.items()
         ]
-        await db_call(MessageEvent.objects.bulk_create)(rows, ignore_conflicts=True)
+        await db_call(budget_writer.run)(
+            MessageEvent.objects.bulk_create, rows, ignore_conflicts=True
+        )
 
     async def after(self, message_id: int, seq: int) -> Events:
         return await db_call(self._after)(message_id, seq)

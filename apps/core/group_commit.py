@@ -76,8 +76,10 @@ class GroupCommit:
 
 
 budget_writer = GroupCommit()
-"""What admission and settlement write, from every thread of this process: reservations
-(the database store), their settlement, and each answer's ledger row and message (see
+"""What the answer path writes, from every thread of this process: reservations (the
+database store), the message rows written while the tier prefills, the event journal's
+batches, and each answer's settlement, ledger row and message (see
 :mod:`apps.usage.budgets` and the answer run). On SQLite, which has one writer at a time
 whatever happens, it also keeps threads from waiting out each other's locks in the busy
-handler's back-off (seconds at the tail)."""
+handler's back-off (seconds at the tail: 32 answers opening at once waited up to 2 s for
+their first token)."""

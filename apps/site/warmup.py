@@ -13,7 +13,6 @@ the oldest generation and set off a full collection.
 
 from __future__ import annotations
 
-import atexit
 import gc
 import logging
 
@@ -29,7 +28,6 @@ def web_process_start() -> None:
     warm_up()
     gc.collect()
     gc.freeze()
-    atexit.register(gc.unfreeze)  # finalizers (llama.cpp's) run before modules are torn down
     gc.set_threshold(*settings.WEB_GC_THRESHOLDS)
 
 

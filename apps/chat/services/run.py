@@ -244,8 +244,11 @@ class AnswerRun:
         that is not to be stored (the OpenAI surface's default)."""
         prepared = self.prepared
         if prepared.store:
-            write = db_call(_messages_create)(
-                prepared, message_id=self.message_id, conversation_id=self.conversation_id
+            write = db_call(budget_writer.run)(
+                _messages_create,
+                prepared,
+                message_id=self.message_id,
+                conversation_id=self.conversation_id,
             )
             self.rows = asyncio.ensure_future(write)
             self.rows.add_done_callback(self._rows_written)
