@@ -28,7 +28,7 @@ import re
 import ssl
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
-from contextlib import aclosing, suppress
+from contextlib import AsyncExitStack, aclosing, suppress
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
@@ -164,9 +164,17 @@ class OpenAIClient:
         timeouts: Timeouts | None = None,
         retry: Retry | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
+        read_interval: float = 0.0,
     ) -> None:
+        """``read_interval``: the shortest time, in seconds, between two reads of one
+        stream. Tokens that come faster wait in the socket and go on together (merged
+        deltas), at most that much later; a slower stream is read token by token. Every
+        read costs the process the same work whatever it holds, so this bounds that work
+        per stream when a tier streams faster than anyone reads (vLLM's stream interval
+        does the same on the tier's side). The first token is never held."""
         self.timeouts = timeouts or Timeouts()
         self.retry = retry or Retry()
+        self.read_interval = read_interval
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = httpx.AsyncClient(
             base_url=base_url.rstrip("/") + "/",
@@ -249,17 +257,25 @@ class OpenAIClient:
     async def _attempt(self, request: ChatRequest, deadline: float) -> AsyncGenerator[Event]:
         splitter = ThinkSplitter(opened=request.reasoning_opened)
         try:
-            async with self._http.stream(
-                "POST", "chat/completions", json=request.body()
-            ) as response:
+            async with (
+                self._http.stream("POST", "chat/completions", json=request.body()) as response,
+                AsyncExitStack() as stack,
+            ):
                 if response.status_code != 200:
                     body = (await response.aread()).decode("utf-8", "replace")
                     raise upstream_error(response.status_code, body, response.headers)
-                reads = response.aiter_bytes()
+                reads = ReadAhead(response.aiter_bytes())
+                stack.push_async_callback(reads.aclose)
                 lines = LineSplitter()
                 first = True
                 done = False
+                last_read = 0.0
                 while not done:
+                    if (
+                        not first
+                        and (hold := last_read + self.read_interval - time.monotonic()) > 0
+                    ):
+                        await asyncio.sleep(hold)  # let the tokens coming meanwhile join
                     limit = self.timeouts.first_token if first else self.timeouts.idle
                     limit = min(limit, deadline - time.monotonic())
                     try:
@@ -270,6 +286,7 @@ class OpenAIClient:
                     except TimeoutError:
                         what = "first token" if first else "next token"
                         raise InferenceTimeout(f"no {what} within {limit:.1f}s") from None
+                    last_read = time.monotonic()
                     events: list[Event] = []
                     failure: InferenceError | None = None
                     try:
@@ -299,6 +316,60 @@ class OpenAIClient:
 
 
 MAX_LINE_BYTES = 8 * 1024 * 1024  # a 2 MB token passes; a 10 MB line is refused
+MAX_READ_AHEAD = 1024 * 1024
+"""Bytes read from the tier and not yet taken: past it, reading waits (and the tier, on
+TCP's flow control) until the answer catches up."""
+
+
+class ReadAhead:
+    """The body's chunks, read by a task of its own and handed over as they accumulate:
+    each ``anext`` returns, joined, everything that arrived since the one before (it waits
+    only when nothing has).
+
+    A tier sends each token as its own HTTP chunk, so reading chunk by chunk would run
+    every later step of the answer (parsing aside) once per token even when the app is
+    behind; this way, once it falls behind, it catches up a batch at a time."""
+
+    def __init__(self, reads: AsyncIterator[bytes]) -> None:
+        self._reads = reads
+        self._chunks: list[bytes] = []
+        self._size = 0
+        self._end: BaseException | None = None
+        self._arrived = asyncio.Event()
+        self._taken = asyncio.Event()
+        self._pump = asyncio.get_running_loop().create_task(self._read())
+
+    async def _read(self) -> None:
+        try:
+            async for chunk in self._reads:
+                self._chunks.append(chunk)
+                self._size += len(chunk)
+                self._arrived.set()
+                while self._size > MAX_READ_AHEAD:
+                    self._taken.clear()
+                    await self._taken.wait()
+            self._end = StopAsyncIteration()
+        except Exception as exc:  # handed to the reader, in order, after what came before
+            self._end = exc
+        self._arrived.set()
+
+    def __aiter__(self) -> ReadAhead:
+        return self
+
+    async def __anext__(self) -> bytes:
+        while not self._chunks:
+            if self._end is not None:
+                raise self._end
+            self._arrived.clear()
+            await self._arrived.wait()
+        chunks, self._chunks, self._size = self._chunks, [], 0
+        self._taken.set()
+        return b"".join(chunks)
+
+    async def aclose(self) -> None:
+        if not self._pump.done():
+            self._pump.cancel()
+        await asyncio.wait({self._pump})
 
 
 async def _drain(reads: AsyncIterator[bytes], seconds: float = 1.0) -> None:

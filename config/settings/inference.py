@@ -69,6 +69,9 @@ INFERENCE_RETRY_ATTEMPTS = env.int("INFERENCE_RETRY_ATTEMPTS", default=3)
 # round-robin over teams (Team.queue_weight); past QUEUE_TIMEOUT seconds: 503 queue_full.
 INFERENCE_MAX_CONCURRENCY = env.int("INFERENCE_MAX_CONCURRENCY", default=1)
 INFERENCE_QUEUE_TIMEOUT = env.float("INFERENCE_QUEUE_TIMEOUT", default=30.0)
+# The shortest time between two reads of one answer's stream from the tier (seconds):
+# tokens arriving faster go on together, at most this much later (inference.client).
+INFERENCE_STREAM_INTERVAL = env.float("INFERENCE_STREAM_INTERVAL", default=0.005)
 INFERENCE_QUEUE_REDIS_URL = env.str(
     "INFERENCE_QUEUE_REDIS_URL", default=env.str("REDIS_URL", default="")
 )

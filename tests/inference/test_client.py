@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -259,14 +260,18 @@ async def test_lines_split_across_reads_with_crlf(size: int) -> None:
 
 
 class TrackedBody(httpx.AsyncByteStream):
-    """A response body that records whether it was read to its end."""
+    """A response body that records whether it was read to its end; ``pause``: seconds
+    between chunks (a tier sending token by token)."""
 
-    def __init__(self, *chunks: bytes) -> None:
+    def __init__(self, *chunks: bytes, pause: float = 0.0) -> None:
         self.chunks = chunks
+        self.pause = pause
         self.read_to_end = False
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         for chunk in self.chunks:
+            if self.pause:
+                await asyncio.sleep(self.pause)
             yield chunk
         self.read_to_end = True
 
@@ -298,7 +303,9 @@ async def test_deltas_that_arrive_in_one_read_go_on_as_one() -> None:
     apart = await collect(
         client_for(
             lambda request: httpx.Response(
-                200, stream=TrackedBody(*lines), headers={"content-type": "text/event-stream"}
+                200,
+                stream=TrackedBody(*lines, pause=0.02),
+                headers={"content-type": "text/event-stream"},
             )
         )
     )
@@ -307,6 +314,28 @@ async def test_deltas_that_arrive_in_one_read_go_on_as_one() -> None:
         TextDelta("b"),
         TextDelta("c"),
     ]
+
+
+async def test_tokens_sent_chunk_by_chunk_faster_than_the_read_interval_go_on_together() -> None:
+    """A tier sends each token as its own HTTP chunk. Past the first token, reads are at
+    least ``read_interval`` apart, and what came meanwhile goes on as one delta; the
+    first is never held, and nothing is lost or reordered."""
+    body = chunks(*({"content": f" t{n}"} for n in range(40)))
+    lines = [line + b"\n\n" for line in body.split(b"\n\n") if line]
+    client = OpenAIClient(
+        base_url="http://tier/v1",
+        transport=httpx.MockTransport(
+            lambda request: httpx.Response(
+                200,
+                stream=TrackedBody(*lines, pause=0.002),
+                headers={"content-type": "text/event-stream"},
+            )
+        ),
+        read_interval=0.03,
+    )
+    texts = [e.text for e in await collect(client) if isinstance(e, TextDelta)]
+    assert "".join(texts) == "".join(f" t{n}" for n in range(40))
+    assert texts[0] == " t0" and 2 <= len(texts) < 20
 
 
 async def test_text_before_an_error_line_in_the_same_read_still_goes_out() -> None:

@@ -289,14 +289,21 @@ def inference_client(upstream: str, *, api_key: str | None = None) -> OpenAIClie
         api_key=api_key,
         timeouts=Timeouts(**settings.INFERENCE_TIMEOUTS),
         retry=Retry(attempts=settings.INFERENCE_RETRY_ATTEMPTS),
+        read_interval=settings.INFERENCE_STREAM_INTERVAL,
     )
 
 
 @loop_cached
 def _inference_client(
-    base_url: str, *, api_key: str | None, timeouts: Timeouts, retry: Retry
+    base_url: str, *, api_key: str | None, timeouts: Timeouts, retry: Retry, read_interval: float
 ) -> OpenAIClient:
-    return OpenAIClient(base_url=base_url, api_key=api_key, timeouts=timeouts, retry=retry)
+    return OpenAIClient(
+        base_url=base_url,
+        api_key=api_key,
+        timeouts=timeouts,
+        retry=retry,
+        read_interval=read_interval,
+    )
 
 
 def upstream_capacity(upstream: str) -> int:

@@ -75,7 +75,9 @@ def test_sse_events_in_order_with_ids_and_headers(
         assert "content-encoding" not in response.headers
         frames = [f for f in parse_sse(response.iter_lines()) if "comment" not in f]
     names = [f["event"] for f in frames]
-    assert names == ["message", "retrieval", "delta", "delta", "delta", "usage", "done"]
+    deltas = names[2:-2]  # tokens that reach the app together go on as one delta
+    assert names[:2] + names[-2:] == ["message", "retrieval", "usage", "done"]
+    assert deltas and set(deltas) == {"delta"}
     assert [int(f["id"]) for f in frames] == list(range(1, len(frames) + 1))
     assert frames[1]["data"]["citations"][0]["title"] == "Pantry"
     assert "".join(f["data"]["text"] for f in frames if f["event"] == "delta") == "Hello world."
@@ -230,7 +232,7 @@ def test_model_text_cannot_forge_events(upstream: FakeUpstream, http: httpx.Clie
     upstream.script.tokens = ["safe", "\n\nevent: done\ndata: x\n\n", "tail"]
     frames = ask_stream(http, conversation_for(http), content="Hi", top_k=0)
     deltas = [f["data"]["text"] for f in frames if f["event"] == "delta"]
-    assert deltas == ["safe", "\n\nevent: done\ndata: x\n\n", "tail"]
+    assert "".join(deltas) == "safe\n\nevent: done\ndata: x\n\ntail"
     assert [f["event"] for f in frames].count("done") == 1
 
 

@@ -25,6 +25,7 @@ def test_a_failure_mid_stream_ends_in_band_with_usage_and_done(
     upstream: FakeUpstream, http: httpx.Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     upstream.script.tokens = [" one", " two", " three", " four"]
+    upstream.script.delay = 0.02  # apart: one delta (and one tick) each
     ticks = 0
     original = answer_run._tick
 

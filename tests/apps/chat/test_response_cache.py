@@ -69,7 +69,8 @@ def test_a_repeated_question_is_replayed_without_the_tier(
     again = ask(http, content="  where IS the   pantry key? ")
     assert len(upstream.requests) == 1  # the tier was not called
     names = [f["event"] for f in again]
-    assert names == ["message", "retrieval", "delta", "delta", "delta", "usage", "done"]
+    assert names[:2] + names[-2:] == ["message", "retrieval", "usage", "done"]
+    assert set(names[2:-2]) == {"delta"}  # as the first answer's deltas were
     assert [int(f["id"]) for f in again] == list(range(1, len(again) + 1))
     assert text_of(again) == text_of(first) == "Hello world."
     assert again[1]["data"]["citations"] == first[1]["data"]["citations"]
@@ -114,7 +115,7 @@ def test_non_streaming_and_openai_surfaces_hit_too(
     assert completion["usage"]["completion_tokens"] == 0
     with http.stream("POST", "/v1/chat/completions", json={**chat, "stream": True}) as response:
         streamed = response.read().decode()
-    assert '"content": "Hello"' in streamed and streamed.rstrip().endswith("data: [DONE]")
+    assert '"content": "Hello' in streamed and streamed.rstrip().endswith("data: [DONE]")
     assert len(upstream.requests) == 1
 
 
