@@ -45,7 +45,7 @@ def encryption_keys() -> tuple[str, ...]:
     keys = tuple(key.strip() for key in settings.ENCRYPTION_KEYS if key.strip())
     if keys:
         return keys
-    return (_key_file_key(str(settings.ENCRYPTION_KEY_FILE)),)
+    return (_key_file_read_or_create(Path(settings.ENCRYPTION_KEY_FILE)),)
 
 
 def fernet() -> MultiFernet:
@@ -64,12 +64,7 @@ def _fernet(keys: tuple[str, ...]) -> MultiFernet:
         ) from None
 
 
-@functools.cache
-def _key_file_key(path: str) -> str:
-    """The key file's key, read once per process (not once per encryption)."""
-    return _key_file_read_or_create(Path(path))
-
-
+@functools.cache  # read once per process, not once per encryption
 def _key_file_read_or_create(path: Path) -> str:
     try:
         return path.read_text(encoding="ascii").strip()
