@@ -32,7 +32,7 @@ from contextlib import AsyncExitStack, aclosing, suppress
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
-from typing import Any
+from typing import Any, cast
 
 import httpx
 
@@ -47,6 +47,7 @@ from inference.errors import (
 )
 from inference.reasoning import ThinkSplitter
 from inference.tokenizers import ChatMessage
+from inference.transport import AiohttpTransport
 
 logger = logging.getLogger(__name__)
 
@@ -167,8 +168,8 @@ class OpenAIClient:
         read_interval: float = 0.0,
     ) -> None:
         """``read_interval``: the shortest time, in seconds, between two reads of one
-        stream. Tokens that come faster wait in the socket and go on together (merged
-        deltas), at most that much later; a slower stream is read token by token. Every
+        stream. Tokens that come faster wait in the transport's buffer and go on together
+        (merged deltas), at most that much later; a slower stream is read token by token. Every
         read costs the process the same work whatever it holds, so this bounds that work
         per stream when a tier streams faster than anyone reads (vLLM's stream interval
         does the same on the tier's side). The first token is never held."""
@@ -179,11 +180,9 @@ class OpenAIClient:
         self._http = httpx.AsyncClient(
             base_url=base_url.rstrip("/") + "/",
             headers=headers,
-            transport=transport,
-            verify=_ssl_context(),
-            # Shared by every answer of a process: the app's queue bounds what reaches the
-            # tier, not the pool; idle connections are kept for the next answers.
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+            # Shared by every answer of a process (see inference.transport).
+            transport=transport or AiohttpTransport(ssl_context=_ssl_context()),
+            trust_env=False,
             timeout=httpx.Timeout(
                 connect=self.timeouts.connect,
                 read=self.timeouts.idle,
@@ -264,7 +263,7 @@ class OpenAIClient:
                 if response.status_code != 200:
                     body = (await response.aread()).decode("utf-8", "replace")
                     raise upstream_error(response.status_code, body, response.headers)
-                reads = ReadAhead(response.aiter_bytes())
+                reads = cast(AsyncGenerator[bytes], response.aiter_bytes())  # it is one
                 stack.push_async_callback(reads.aclose)
                 lines = LineSplitter()
                 first = True
@@ -316,60 +315,6 @@ class OpenAIClient:
 
 
 MAX_LINE_BYTES = 8 * 1024 * 1024  # a 2 MB token passes; a 10 MB line is refused
-MAX_READ_AHEAD = 1024 * 1024
-"""Bytes read from the tier and not yet taken: past it, reading waits (and the tier, on
-TCP's flow control) until the answer catches up."""
-
-
-class ReadAhead:
-    """The body's chunks, read by a task of its own and handed over as they accumulate:
-    each ``anext`` returns, joined, everything that arrived since the one before (it waits
-    only when nothing has).
-
-    A tier sends each token as its own HTTP chunk, so reading chunk by chunk would run
-    every later step of the answer (parsing aside) once per token even when the app is
-    behind; this way, once it falls behind, it catches up a batch at a time."""
-
-    def __init__(self, reads: AsyncIterator[bytes]) -> None:
-        self._reads = reads
-        self._chunks: list[bytes] = []
-        self._size = 0
-        self._end: BaseException | None = None
-        self._arrived = asyncio.Event()
-        self._taken = asyncio.Event()
-        self._pump = asyncio.get_running_loop().create_task(self._read())
-
-    async def _read(self) -> None:
-        try:
-            async for chunk in self._reads:
-                self._chunks.append(chunk)
-                self._size += len(chunk)
-                self._arrived.set()
-                while self._size > MAX_READ_AHEAD:
-                    self._taken.clear()
-                    await self._taken.wait()
-            self._end = StopAsyncIteration()
-        except Exception as exc:  # handed to the reader, in order, after what came before
-            self._end = exc
-        self._arrived.set()
-
-    def __aiter__(self) -> ReadAhead:
-        return self
-
-    async def __anext__(self) -> bytes:
-        while not self._chunks:
-            if self._end is not None:
-                raise self._end
-            self._arrived.clear()
-            await self._arrived.wait()
-        chunks, self._chunks, self._size = self._chunks, [], 0
-        self._taken.set()
-        return b"".join(chunks)
-
-    async def aclose(self) -> None:
-        if not self._pump.done():
-            self._pump.cancel()
-        await asyncio.wait({self._pump})
 
 
 async def _drain(reads: AsyncIterator[bytes], seconds: float = 1.0) -> None:

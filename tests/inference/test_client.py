@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
 from pathlib import Path
 
 import httpx
@@ -27,6 +28,7 @@ from inference.errors import (
     InferenceUnavailable,
     UpstreamProtocolError,
 )
+from tests.fake_upstream import Script, fake_upstream
 
 # Copied from shared/wire: what llama.cpp's server really sends, and vLLM's shapes.
 WIRE = Path(__file__).resolve().parents[1] / "fixtures" / "wire"
@@ -317,25 +319,41 @@ async def test_deltas_that_arrive_in_one_read_go_on_as_one() -> None:
 
 
 async def test_tokens_sent_chunk_by_chunk_faster_than_the_read_interval_go_on_together() -> None:
-    """A tier sends each token as its own HTTP chunk. Past the first token, reads are at
-    least ``read_interval`` apart, and what came meanwhile goes on as one delta; the
-    first is never held, and nothing is lost or reordered."""
-    body = chunks(*({"content": f" t{n}"} for n in range(40)))
-    lines = [line + b"\n\n" for line in body.split(b"\n\n") if line]
-    client = OpenAIClient(
-        base_url="http://tier/v1",
-        transport=httpx.MockTransport(
-            lambda request: httpx.Response(
-                200,
-                stream=TrackedBody(*lines, pause=0.002),
-                headers={"content-type": "text/event-stream"},
-            )
-        ),
-        read_interval=0.03,
-    )
-    texts = [e.text for e in await collect(client) if isinstance(e, TextDelta)]
+    """A tier sends each token as its own HTTP chunk. Through the real transport, over a
+    socket: past the first token, reads are at least ``read_interval`` apart, and what
+    came meanwhile goes on as one delta; the first is never held, and nothing is lost or
+    reordered."""
+    with fake_upstream() as tier:
+        tier.script = Script(tokens=[f" t{n}" for n in range(40)], delay=0.002)
+        client = OpenAIClient(base_url=tier.base_url, read_interval=0.03)
+        try:
+            texts = [e.text for e in await collect(client) if isinstance(e, TextDelta)]
+        finally:
+            await client.aclose()
     assert "".join(texts) == "".join(f" t{n}" for n in range(40))
     assert texts[0] == " t0" and 2 <= len(texts) < 20
+
+
+async def test_a_stream_closed_early_closes_its_connection_and_one_read_to_the_end_is_reused() -> (
+    None
+):
+    """Closing the connection is how the tier learns nobody reads the answer any more;
+    a body read to its end goes back to the pool for the next answer."""
+    with fake_upstream() as tier:
+        tier.script = Script(tokens=[f" t{n}" for n in range(200)], delay=0.01)
+        client = OpenAIClient(base_url=tier.base_url)
+        try:
+            async with aclosing(client.stream_chat(REQUEST)) as events:
+                await anext(events)
+            for _ in range(50):
+                if tier.disconnected_at:
+                    break
+                await asyncio.sleep(0.02)
+            assert tier.disconnected_at  # the tier saw the client go
+            tier.script = Script()
+            assert await collect(client) == await collect(client)  # a pooled connection, twice
+        finally:
+            await client.aclose()
 
 
 async def test_text_before_an_error_line_in_the_same_read_still_goes_out() -> None:

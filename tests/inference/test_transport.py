@@ -1,0 +1,67 @@
+"""The client's aiohttp transport over a real socket: what each failure becomes."""
+
+from __future__ import annotations
+
+import socket
+
+import httpx
+import pytest
+
+from inference.client import ChatRequest, OpenAIClient, Retry, TextDelta, Timeouts
+from inference.errors import InferenceTimeout, InferenceUnavailable
+from tests.fake_upstream import Script, fake_upstream
+
+REQUEST = ChatRequest(model="small", messages=[{"role": "user", "content": "hi"}], max_tokens=12)
+
+
+def closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+async def texts(client: OpenAIClient, seen: list[str]) -> None:
+    try:
+        async for event in client.stream_chat(REQUEST, retry=Retry(attempts=1)):
+            if isinstance(event, TextDelta):
+                seen.append(event.text)
+    finally:
+        await client.aclose()
+
+
+async def test_a_refused_connection_is_unavailable_not_a_timeout() -> None:
+    client = OpenAIClient(base_url=f"http://127.0.0.1:{closed_port()}/v1")
+    with pytest.raises(InferenceUnavailable) as raised:
+        await texts(client, [])
+    assert isinstance(raised.value.__cause__, httpx.ConnectError)
+
+
+async def test_a_connection_dropped_mid_stream_is_unavailable_after_the_text_before_it() -> None:
+    seen: list[str] = []
+    with fake_upstream() as tier, pytest.raises(InferenceUnavailable) as raised:
+        tier.script = Script(tokens=["a", "b", "c"], drop_after=2)
+        await texts(OpenAIClient(base_url=tier.base_url), seen)
+    assert "".join(seen) == "ab"
+    assert isinstance(raised.value.__cause__, httpx.RemoteProtocolError)
+
+
+async def test_a_tier_that_goes_quiet_times_out_on_the_idle_limit() -> None:
+    with fake_upstream() as tier, pytest.raises(InferenceTimeout):
+        tier.script = Script(tokens=["a", "b"], stall_after=1)
+        client = OpenAIClient(base_url=tier.base_url, timeouts=Timeouts(idle=0.3))
+        await texts(client, [])
+
+
+async def test_headers_body_and_status_of_a_plain_request_come_through() -> None:
+    with fake_upstream() as tier:
+        tier.script = Script(fail_status=429, retry_after="7", fail_times=1, api_key="sk-tier")
+        client = OpenAIClient(base_url=tier.base_url, api_key="sk-tier")
+        try:
+            models = await client.models()
+            response = await client._http.post("chat/completions", json=REQUEST.body())
+        finally:
+            await client.aclose()
+    assert models  # a JSON body read whole, past the tier's key check
+    assert (response.status_code, response.headers["retry-after"]) == (429, "7")
+    assert response.json()["error"]["message"] == "busy"
+    assert tier.requests[-1]["messages"] == [{"role": "user", "content": "hi"}]
