@@ -164,6 +164,36 @@ def _hold(reservation: Reservation, held: _Hold) -> None:
     weakref.finalize(reservation, _holds.pop, reservation.token, None)
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Ask:
+    """One reservation asked for: by whom, what for, how many tokens, against what."""
+
+    team: Team
+    api_key: ApiKey | None
+    kind: str
+    tokens: int
+    held: _Hold
+    now: datetime
+
+    def row(
+        self, *, token: uuid.UUID, store: str, counters: list[int] | list[str], expires_at: datetime
+    ) -> Reservation:
+        """The ``Reservation`` row this ask becomes (not saved)."""
+        return Reservation(
+            team=self.team,
+            api_key=self.api_key,
+            kind=self.kind,
+            token=token,
+            tokens=self.tokens,
+            store=store,
+            buckets=[b.limit_id for b in self.held.buckets],
+            slots=[s.limit_id for s in self.held.slots],
+            counters=counters,
+            created_at=self.now,
+            expires_at=expires_at,
+        )
+
+
 # Database counter ids by quota, so that charging one is a single UPDATE.
 _counter_ids: dict[QuotaKey, int] = {}
 _COUNTER_IDS_KEPT = 10_000
@@ -208,30 +238,13 @@ def budget_reserve(
                 slots.append(slot)
     quotas = _quotas(limits, now, team)
     held = _Hold(buckets, slots, quotas, deferred=False)
+    ask = _Ask(team=team, api_key=api_key, kind=kind, tokens=tokens, held=held, now=now)
     store = limiter() if (buckets or slots or quotas) else limiter("database")
     # The database store, through the one writer (a store passed in: Redis may be down).
-    reserve_local = functools.partial(
-        budget_writer.run,
-        _reserve,
-        team=team,
-        api_key=api_key,
-        kind=kind,
-        tokens=tokens,
-        held=held,
-        now=now,
-    )
+    reserve_local = functools.partial(budget_writer.run, _reserve, ask)
     try:
         if isinstance(store, RedisLimiter):
-            return _reserve_remote(
-                store,
-                team=team,
-                api_key=api_key,
-                kind=kind,
-                tokens=tokens,
-                held=held,
-                now=now,
-                defer_record=defer_record,
-            )
+            return _reserve_remote(store, ask, defer_record=defer_record)
         return reserve_local(store=store)
     except LimiterUnavailable as exc:
         if settings.RATE_LIMIT_REDIS_FALLBACK != "database":
@@ -258,81 +271,56 @@ def _quotas(limits: list[Limit], now: datetime, team: Team) -> list[Quota]:
     return found
 
 
-def _reserve(
-    *,
-    team: Team,
-    api_key: ApiKey | None,
-    kind: str,
-    tokens: int,
-    held: _Hold,
-    store: Limiter,
-    now: datetime,
-) -> Reservation:
+def _reserve(ask: _Ask, *, store: Limiter) -> Reservation:
     """The database store: one transaction, the row inserted last (a refusal writes
     nothing). Called through the one writer (:data:`budget_writer`)."""
-    token = uuid.uuid4()
+    token, held, now = uuid.uuid4(), ask.held, ask.now
     with transaction.atomic():
-        counters = [_charge(quota, tokens, now) for quota in held.quotas]
+        counters = [_charge(quota, ask.tokens, now) for quota in held.quotas]
         refusal = store.acquire(
-            token=token, buckets=held.buckets, slots=held.slots, tokens=tokens, now=now
+            token=token, buckets=held.buckets, slots=held.slots, tokens=ask.tokens, now=now
         )
         if refusal is not None:
             _refuse(refusal)
-        reservation = Reservation.objects.create(
-            team=team,
-            api_key=api_key,
-            kind=kind,
+        reservation = ask.row(
             token=token,
-            tokens=tokens,
             store=Reservation.Store.DATABASE,
-            buckets=[b.limit_id for b in held.buckets],
-            slots=[s.limit_id for s in held.slots],
             counters=counters,
-            created_at=now,
             expires_at=now + timedelta(seconds=settings.RESERVATION_TTL_SECONDS),
         )
+        reservation.save(force_insert=True)
     _hold(reservation, held)  # settling it here needs no read of its limits
-    metrics.RESERVATIONS.labels(kind).inc()
+    metrics.RESERVATIONS.labels(ask.kind).inc()
     return reservation
 
 
-def _reserve_remote(
-    store: RedisLimiter,
-    *,
-    team: Team,
-    api_key: ApiKey | None,
-    kind: str,
-    tokens: int,
-    held: _Hold,
-    now: datetime,
-    defer_record: bool,
-) -> Reservation:
+def _reserve_remote(store: RedisLimiter, ask: _Ask, *, defer_record: bool) -> Reservation:
     """Redis: one Lua call (after seeding, on a period's first request), then the row,
     now or later."""
-    token = uuid.uuid4()
+    token, held, now = uuid.uuid4(), ask.held, ask.now
     expires_at = now + timedelta(seconds=settings.RESERVATION_TTL_SECONDS)
     refusal = _admit(
-        store, team=team, token=token, held=held, tokens=tokens, now=now, expires_at=expires_at
+        store,
+        team=ask.team,
+        token=token,
+        held=held,
+        tokens=ask.tokens,
+        now=now,
+        expires_at=expires_at,
     )
     if refusal is not None:
         _refuse(refusal)
     held.deferred = defer_record and not transaction.get_connection().in_atomic_block
     try:
-        reservation = Reservation(
-            pk=key_take(Reservation) if held.deferred else None,
-            team=team,
-            api_key=api_key,
-            kind=kind,
+        reservation = ask.row(
             token=token,
-            tokens=tokens,
             store=Reservation.Store.REDIS,
-            buckets=[b.limit_id for b in held.buckets],
-            slots=[s.limit_id for s in held.slots],
             counters=[quota_name(quota.key) for quota in held.quotas],
-            created_at=now,
             expires_at=expires_at,
         )
-        if not held.deferred:
+        if held.deferred:
+            reservation.pk = key_take(Reservation)
+        else:
             reservation.save(force_insert=True)
     except BaseException:  # Redis said yes, the database failed: give it all back
         with contextlib.suppress(LimiterUnavailable):
@@ -340,13 +328,13 @@ def _reserve_remote(
                 token=token,
                 buckets=held.buckets,
                 slots=held.slots,
-                difference=tokens,
+                difference=ask.tokens,
                 now=now,
                 quotas=[quota.key for quota in held.quotas],
             )
         raise
     _hold(reservation, held)
-    metrics.RESERVATIONS.labels(kind).inc()
+    metrics.RESERVATIONS.labels(ask.kind).inc()
     return reservation
 
 
@@ -360,8 +348,10 @@ def _admit(
     now: datetime,
     expires_at: datetime,
 ) -> Refusal | None:
-    """The admission script; a quota not in Redis yet is seeded and the script run again."""
-    for _ in range(len(held.quotas)):
+    """The admission script; a quota not in Redis yet is seeded and the script run again
+    (each quota is seeded at most once)."""
+    seeded = 0
+    while True:
         try:
             return store.admit(
                 token=token,
@@ -373,16 +363,10 @@ def _admit(
                 expires_at=expires_at,
             )
         except QuotaUnseeded as missing:
+            if seeded == len(held.quotas):
+                raise
+            seeded += 1
             _seed(store, team, missing.quota, now)
-    return store.admit(
-        token=token,
-        buckets=held.buckets,
-        slots=held.slots,
-        quotas=held.quotas,
-        tokens=tokens,
-        now=now,
-        expires_at=expires_at,
-    )
 
 
 def _seed(store: RedisLimiter, team: Team, quota: Quota, now: datetime) -> None:
