@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import ssl
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator
+from typing import Any
 
 import aiohttp
 import httpx
@@ -134,8 +135,17 @@ class _Body(httpx.AsyncByteStream):
         self._request = request
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
+        content = self._response.content
         with _as_httpx_errors(self._request):
-            while chunk := await self._response.content.readany():
+            while True:
+                try:
+                    chunk = await content.readany()
+                except aiohttp.ClientError:
+                    if rest := _held(content):
+                        yield rest  # what came before the connection broke goes out first
+                    raise
+                if not chunk:
+                    return
                 yield chunk
 
     async def aclose(self) -> None:
@@ -143,3 +153,18 @@ class _Body(httpx.AsyncByteStream):
             self._response.release()
         else:
             self._response.close()
+
+
+def _held(content: aiohttp.StreamReader) -> bytes:
+    """The bytes ``content`` still holds. Once a connection breaks, aiohttp's reads raise
+    the error before handing over what had already arrived (``readany`` checks it first),
+    and no public call returns those bytes: they are a tier's last tokens, sent and
+    billed, so they are taken from the buffer itself (aiohttp is pinned; the transport's
+    tests cover it)."""
+    buffer: Any = getattr(content, "_buffer", None)
+    if not buffer:
+        return b""
+    data = b"".join(buffer)[getattr(content, "_buffer_offset", 0) :]
+    buffer.clear()
+    content._buffer_offset = 0
+    return data

@@ -37,10 +37,12 @@ async def test_a_refused_connection_is_unavailable_not_a_timeout() -> None:
 
 
 async def test_a_connection_dropped_mid_stream_is_unavailable_after_the_text_before_it() -> None:
+    """The read after the first waits (``read_interval``), so the break has arrived by
+    then, behind "b": "b" still goes out, then the error."""
     seen: list[str] = []
     with fake_upstream() as tier, pytest.raises(InferenceUnavailable) as raised:
         tier.script = Script(tokens=["a", "b", "c"], drop_after=2)
-        await texts(OpenAIClient(base_url=tier.base_url), seen)
+        await texts(OpenAIClient(base_url=tier.base_url, read_interval=0.3), seen)
     assert "".join(seen) == "ab"
     assert isinstance(raised.value.__cause__, httpx.RemoteProtocolError)
 
