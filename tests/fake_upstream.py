@@ -57,6 +57,8 @@ class Script:
 class FakeUpstream:
     script: Script = field(default_factory=Script)
     requests: list[dict[str, Any]] = field(default_factory=list)
+    ports: list[int] = field(default_factory=list)
+    """The client port of each chat request: the same port twice is a reused connection."""
     disconnected_at: list[float] = field(default_factory=list)
     finished_at: list[float] = field(default_factory=list)
     active: int = 0
@@ -92,6 +94,7 @@ class FakeUpstream:
             return refused
         body = await request.json()
         self.requests.append(body)
+        self.ports.append(request.client.port if request.client else 0)
         script = self.script
         if script.fail_status and self._failures < script.fail_times:
             self._failures += 1
