@@ -19,8 +19,8 @@ from typing import Any
 from django.conf import settings
 
 from apps.accounts.selectors import Caller
-from apps.chat.models import Conversation, Message
-from apps.chat.selectors import conversation_get
+from apps.chat.models import Conversation
+from apps.chat.selectors import conversation_history
 from apps.chat.services.cache import response_cache_key
 from apps.chat.services.models import ModelChoice, ModelSpec, output_tokens_resolve
 from apps.core.exceptions import InvalidRequest
@@ -91,20 +91,10 @@ class PreparedAnswer:
         )
 
 
-def history_of(conversation: Conversation) -> list[ChatMessage]:
-    """The most recent completed turns, oldest first, as chat messages. Older ones would not
-    fit a context window anyway; prompt assembly drops more if it must."""
-    turns = conversation.messages.exclude(status=Message.Status.STREAMING).exclude(content="")
-    recent = list(turns.order_by("-created_at", "-pk")[:HISTORY_MESSAGES])
-    while recent and recent[-1].role == Message.Role.ASSISTANT:
-        recent.pop()  # a history starts with a question
-    return [{"role": m.role, "content": m.content} for m in reversed(recent)]
-
-
 def answer_prepare(
     *,
     caller: Caller,
-    conversation: Conversation | int | None,
+    conversation: int | None,
     content: str,
     model: ModelChoice,
     collection_ids: list[int] | None = None,
@@ -122,8 +112,8 @@ def answer_prepare(
     """Admit, retrieve, assemble and route. Raises before any byte; holds a reservation
     after.
 
-    ``conversation``: the caller's (or its id; another team's is a 404), or None for a new
-    one, written with the messages. ``model``: the alias, or for ``auto`` the models it
+    ``conversation``: the id of one of the caller's (another team's is a 404), or None for
+    a new one, written with the messages. ``model``: the alias, or for ``auto`` the models it
     routes between. ``history`` replaces the conversation's stored turns (the
     OpenAI-compatible surface sends its own); ``instructions`` (a client's system
     message) follow the system prompt. ``search_mode`` and ``search_filters`` are those of
@@ -131,14 +121,17 @@ def answer_prepare(
     keeps nothing of the exchange but its usage row. ``cache`` False skips the response
     cache; it applies only to single-turn questions (no history).
     """
-    if isinstance(conversation, int):
-        conversation = conversation_get(team=caller.team, conversation_id=conversation)
+    existing: Conversation | None = None
+    if conversation is not None:
+        existing, stored = conversation_history(
+            team=caller.team, conversation_id=conversation, limit=HISTORY_MESSAGES
+        )
+        history = stored if history is None else history
     limits = limits_cache.get(team=caller.team, api_key=caller.api_key)
     cap = max_tokens_cap(limits=limits)
     candidates = _candidates(model, max_tokens=max_tokens, cap=cap)
     started = time.monotonic()
-    if history is None:
-        history = history_of(conversation) if conversation is not None else []
+    history = history or []
     system = f"{SYSTEM_PROMPT}\n\n{instructions}" if instructions else SYSTEM_PROMPT
 
     def assembled(spec: ModelSpec, passages: list[Passage]) -> Prompt:
@@ -179,8 +172,8 @@ def answer_prepare(
     )
     try:
         collections = collection_ids
-        if collections is None and conversation is not None:
-            collections = conversation.collection_ids
+        if collections is None and existing is not None:
+            collections = existing.collection_ids
         results: list[SearchResult] = []
         if rag:
             results = chunk_search(
@@ -226,7 +219,7 @@ def answer_prepare(
         raise
     return PreparedAnswer(
         caller=caller,
-        conversation=conversation,
+        conversation=existing,
         question=content,
         spec=spec,
         prompt=prompt,
@@ -237,7 +230,7 @@ def answer_prepare(
         ],
         reservation=reservation,
         want_reasoning=want_reasoning,
-        store=store or conversation is not None,
+        store=store or existing is not None,
         cache_key=cache_key,
         requested=model.requested,
         opening=f"{system}\0{history[0]['content'] if history else content}",

@@ -333,6 +333,29 @@ def test_cancel_from_another_connection(upstream: FakeUpstream, http: httpx.Clie
     assert message.status == "cancelled" and 1 <= message.completion_tokens < 200
 
 
+def test_the_rows_are_written_while_the_tier_prefills(
+    upstream: FakeUpstream, http: httpx.Client
+) -> None:
+    """An answer's rows wait for its first token to go out, but not for a tier still
+    prefilling: they are there (so a cancel finds the message) long before the first
+    token."""
+    upstream.script.stall_after = 0  # no token comes
+    conversation = conversation_for(http)
+    with http.stream(
+        "POST",
+        f"/api/v1/conversations/{conversation}/messages",
+        json={"content": "Hi", "top_k": 0, "stream": True},
+    ) as response:
+        frames = parse_sse(response.iter_lines())
+        message_id = next(frames)["data"]["message_id"]
+        deadline = time.monotonic() + 5
+        while not Message.objects.filter(pk=message_id).exists():
+            assert time.monotonic() < deadline, "no rows while the tier prefills"
+            time.sleep(0.01)
+        assert Message.objects.get(pk=message_id).status == Message.Status.STREAMING
+        assert http.post(f"/api/v1/messages/{message_id}/cancel").status_code == 202
+
+
 @pytest.mark.parametrize("buffer", ["database", "redis"])
 def test_replay_after_last_event_id_without_gap_or_duplicate(
     upstream: FakeUpstream, http: httpx.Client, settings: Any, buffer: str
@@ -443,10 +466,22 @@ def test_tokenize_counts_with_the_served_tokenizer(
 
 
 def test_history_is_the_recent_turns_starting_with_a_question(team: Any) -> None:
+    from apps.accounts.models import Team
     from apps.chat.models import Conversation
-    from apps.chat.services.prepare import HISTORY_MESSAGES, history_of
+    from apps.chat.selectors import conversation_history
+    from apps.chat.services.prepare import HISTORY_MESSAGES
+    from apps.core.exceptions import NotFound
 
-    conversation = Conversation.objects.create(team=team)
+    conversation = Conversation.objects.create(team=team, title="t", collection_ids=[3, 5])
+    found, history = conversation_history(
+        team=team, conversation_id=conversation.pk, limit=HISTORY_MESSAGES
+    )
+    assert (found.pk, found.collection_ids, found.title, history) == (
+        conversation.pk,
+        [3, 5],
+        "t",
+        [],
+    )
     for i in range(HISTORY_MESSAGES):  # 80 messages, one abandoned answer among them
         Message.objects.create(conversation=conversation, team=team, role="user", content=f"q{i}")
         Message.objects.create(
@@ -456,10 +491,19 @@ def test_history_is_the_recent_turns_starting_with_a_question(team: Any) -> None
             content=f"a{i}" if i != 30 else "",
             status="complete" if i != 30 else "failed",
         )
-    history = history_of(conversation)
+    Message.objects.create(  # an answer still streaming is not history yet
+        conversation=conversation, team=team, role="assistant", content="…", status="streaming"
+    )
+    _, history = conversation_history(
+        team=team, conversation_id=conversation.pk, limit=HISTORY_MESSAGES
+    )
     assert len(history) <= HISTORY_MESSAGES and history[0]["role"] == "user"
     assert history[-1] == {"role": "assistant", "content": f"a{HISTORY_MESSAGES - 1}"}
     assert {"role": "assistant", "content": ""} not in history
+    assert history[-2] == {"role": "user", "content": f"q{HISTORY_MESSAGES - 1}"}
+    other = Team.objects.create(name="other")
+    with pytest.raises(NotFound):
+        conversation_history(team=other, conversation_id=conversation.pk, limit=HISTORY_MESSAGES)
 
 
 def test_a_failing_event_journal_never_fails_the_answer(
