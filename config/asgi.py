@@ -3,6 +3,7 @@ Django buffers the body), its sync code on pooled threads. Importing it starts a
 process: the models are loaded and the startup heap frozen before the server listens
 (apps.site.warmup)."""
 
+from django.conf import settings
 from django.core import signals
 from django.core.asgi import get_asgi_application
 from django.db import close_old_connections, reset_queries
@@ -23,5 +24,6 @@ signals.request_started.disconnect(reset_queries)
 from apps.core.asgi import BodySizeLimit, LentThreads, StaticFiles  # noqa: E402  (settings)
 from apps.site.warmup import web_process_start  # noqa: E402
 
-application = StaticFiles(BodySizeLimit(LentThreads(django_application)))
+threads = LentThreads(django_application, idle=settings.DATABASE_THREADS)
+application = StaticFiles(BodySizeLimit(threads))
 web_process_start()
