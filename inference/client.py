@@ -169,10 +169,11 @@ class OpenAIClient:
     ) -> None:
         """``read_interval``: the shortest time, in seconds, between two reads of one
         stream. Tokens that come faster wait in the transport's buffer and go on together
-        (merged deltas), at most that much later; a slower stream is read token by token. Every
-        read costs the process the same work whatever it holds, so this bounds that work
-        per stream when a tier streams faster than anyone reads (vLLM's stream interval
-        does the same on the tier's side). The first token is never held."""
+        (merged deltas), at most that much later; a slower stream is read token by token.
+        Each read becomes one delta downstream, and a delta costs the process the same
+        work (events, journal, SSE frame, socket write) whatever text it holds, so this
+        bounds that work per stream when a tier streams faster than anyone reads (vLLM's
+        stream interval does the same on the tier's side). The first token is never held."""
         self.timeouts = timeouts or Timeouts()
         self.retry = retry or Retry()
         self.read_interval = read_interval
