@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import httpx
@@ -56,7 +57,12 @@ def conversation_for(client: httpx.Client, **body: Any) -> int:
     return int(response.json()["id"])
 
 
-def ask_stream(client: httpx.Client, conversation_id: int, **body: Any) -> list[dict[str, Any]]:
+@contextmanager
+def answer_frames(
+    client: httpx.Client, conversation_id: int, **body: Any
+) -> Iterator[Iterator[dict[str, Any]]]:
+    """A question's answer as SSE frames, read as they come; leaving the block closes the
+    stream (the client goes away)."""
     with client.stream(
         "POST",
         f"/api/v1/conversations/{conversation_id}/messages",
@@ -65,7 +71,12 @@ def ask_stream(client: httpx.Client, conversation_id: int, **body: Any) -> list[
     ) as response:
         assert response.status_code == 200, response.read()
         assert response.headers["content-type"].startswith("text/event-stream")
-        return [f for f in parse_sse(response.iter_lines()) if "comment" not in f]
+        yield parse_sse(response.iter_lines())
+
+
+def ask_stream(client: httpx.Client, conversation_id: int, **body: Any) -> list[dict[str, Any]]:
+    with answer_frames(client, conversation_id, **body) as frames:
+        return [f for f in frames if "comment" not in f]
 
 
 @pytest.fixture

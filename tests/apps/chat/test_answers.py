@@ -13,7 +13,7 @@ from apps.chat.models import Message, MessageEvent
 from apps.knowledge.models import Collection
 from apps.usage.models import UsageRecord
 from tests import factories
-from tests.apps.chat.conftest import ask_stream, conversation_for, parse_sse
+from tests.apps.chat.conftest import answer_frames, ask_stream, conversation_for, parse_sse
 from tests.fake_upstream import FakeUpstream
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -268,12 +268,8 @@ def test_first_delta_arrives_before_the_upstream_finishes(
     upstream.script.delay = 0.3
     conversation = conversation_for(http)
     first_delta_at = None
-    with http.stream(
-        "POST",
-        f"/api/v1/conversations/{conversation}/messages",
-        json={"content": "Hi", "top_k": 0, "stream": True},
-    ) as response:
-        for frame in parse_sse(response.iter_lines()):
+    with answer_frames(http, conversation, content="Hi", top_k=0, stream=True) as frames:
+        for frame in frames:
             if frame.get("event") == "delta" and first_delta_at is None:
                 first_delta_at = time.monotonic()
     assert first_delta_at is not None and upstream.finished_at
@@ -286,12 +282,8 @@ def test_client_disconnect_cancels_upstream_and_bills_the_partial_answer(
     upstream.script.tokens = [f" w{i}" for i in range(200)]
     upstream.script.delay = 0.05
     conversation = conversation_for(http)
-    with http.stream(
-        "POST",
-        f"/api/v1/conversations/{conversation}/messages",
-        json={"content": "Hi", "top_k": 0, "stream": True},
-    ) as response:
-        for frame in parse_sse(response.iter_lines()):
+    with answer_frames(http, conversation, content="Hi", top_k=0, stream=True) as frames:
+        for frame in frames:
             if frame.get("event") == "delta":
                 break  # leave after the first token: the client goes away
     left_at = time.monotonic()
@@ -317,12 +309,8 @@ def test_cancel_from_another_connection(upstream: FakeUpstream, http: httpx.Clie
     upstream.script.delay = 0.05
     conversation = conversation_for(http)
     events = []
-    with http.stream(
-        "POST",
-        f"/api/v1/conversations/{conversation}/messages",
-        json={"content": "Hi", "top_k": 0, "stream": True},
-    ) as response:
-        for frame in parse_sse(response.iter_lines()):
+    with answer_frames(http, conversation, content="Hi", top_k=0, stream=True) as frames:
+        for frame in frames:
             events.append(frame)
             if frame.get("event") == "delta" and len(events) == 3:
                 message_id = events[0]["data"]["message_id"]
@@ -341,12 +329,7 @@ def test_the_rows_are_written_while_the_tier_prefills(
     token."""
     upstream.script.stall_after = 0  # no token comes
     conversation = conversation_for(http)
-    with http.stream(
-        "POST",
-        f"/api/v1/conversations/{conversation}/messages",
-        json={"content": "Hi", "top_k": 0, "stream": True},
-    ) as response:
-        frames = parse_sse(response.iter_lines())
+    with answer_frames(http, conversation, content="Hi", top_k=0, stream=True) as frames:
         message_id = next(frames)["data"]["message_id"]
         deadline = time.monotonic() + 5
         while not Message.objects.filter(pk=message_id).exists():
@@ -426,12 +409,8 @@ def test_resume_while_the_answer_is_still_streaming(
     upstream.script.delay = 0.03
     conversation = conversation_for(http)
     seen: list[dict[str, Any]] = []
-    with http.stream(
-        "POST",
-        f"/api/v1/conversations/{conversation}/messages",
-        json={"content": "Hi", "top_k": 0, "stream": True},
-    ) as response:
-        for frame in parse_sse(response.iter_lines()):
+    with answer_frames(http, conversation, content="Hi", top_k=0, stream=True) as frames:
+        for frame in frames:
             seen.append(frame)
             if len(seen) == 5:
                 break  # the mobile client loses its connection
