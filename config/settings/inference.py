@@ -33,7 +33,10 @@ its id), ``model`` (the served name), ``context_window`` (absent: read from the 
 ``reasoning_opened``. ``auto`` routes between ``small`` and ``large`` on the prompt's size
 (ROUTER_SMALL_MAX_PROMPT_TOKENS). A circuit breaker per upstream opens after
 INFERENCE_BREAKER_FAILURES consecutive failures and lets one probe through every
-INFERENCE_BREAKER_COOL_OFF seconds; its state is in Redis when REDIS_URL is set.
+INFERENCE_BREAKER_COOL_OFF seconds; its state is in Redis when REDIS_URL is set, and a
+clean (closed) circuit read there is trusted for INFERENCE_BREAKER_FRESH_SECONDS without
+reading it again: one Redis round trip fewer before the first token and after it, for a
+circuit that another process opens being seen here that much later.
 """
 
 from config.env import env
@@ -112,6 +115,7 @@ INFERENCE_MODELS: dict[str, object] = env.json("INFERENCE_MODELS", default={})
 ROUTER_SMALL_MAX_PROMPT_TOKENS = env.int("ROUTER_SMALL_MAX_PROMPT_TOKENS", default=1500)
 INFERENCE_BREAKER_FAILURES = env.int("INFERENCE_BREAKER_FAILURES", default=3)
 INFERENCE_BREAKER_COOL_OFF = env.float("INFERENCE_BREAKER_COOL_OFF", default=30.0)
+INFERENCE_BREAKER_FRESH_SECONDS = env.float("INFERENCE_BREAKER_FRESH_SECONDS", default=1.0)
 INFERENCE_BREAKER_REDIS_URL = env.str(
     "INFERENCE_BREAKER_REDIS_URL", default=env.str("REDIS_URL", default="")
 )

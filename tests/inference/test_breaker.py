@@ -129,3 +129,46 @@ async def test_an_unreachable_store_fails_open() -> None:
     await breaker.failure("http://u/v1")
     assert await breaker.state("http://u/v1") is CircuitState.CLOSED
     await client.aclose()
+
+
+class CountingStore(LocalBreakerStore):
+    """The local store, counting reads (each would be a round trip to Redis)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads = 0
+
+    async def read(self, upstream: str) -> BreakerRecord:
+        self.reads += 1
+        return await super().read(upstream)
+
+
+async def test_a_clean_record_is_trusted_while_fresh_and_a_failure_seen_after() -> None:
+    clock, store = Clock(), CountingStore()
+    here = CircuitBreaker(store=store, policy=POLICY, clock=clock, fresh_for=1.0)
+    elsewhere = CircuitBreaker(store=store, policy=POLICY, clock=clock)  # another process
+    upstream = "http://u/v1"
+    assert await here.allow(upstream)
+    for _ in range(5):  # the answers of the next second: no read before or after them
+        assert await here.allow(upstream)
+        await here.success(upstream)
+    assert store.reads == 1
+    for _ in range(3):
+        await elsewhere.failure(upstream)
+    assert await here.allow(upstream)  # opened elsewhere, not seen here yet
+    clock.now += 1.0
+    assert await here.state(upstream) is CircuitState.OPEN  # ... and seen once stale
+    assert not await here.allow(upstream)
+
+
+async def test_a_failure_here_is_seen_here_at_once() -> None:
+    clock, store = Clock(), CountingStore()
+    breaker = CircuitBreaker(
+        store=store, policy=BreakerPolicy(failures=1, cool_off=10.0), clock=clock, fresh_for=60.0
+    )
+    assert await breaker.allow("http://u/v1")
+    await breaker.failure("http://u/v1")
+    assert await breaker.state("http://u/v1") is CircuitState.OPEN
+    reads = store.reads
+    assert await breaker.state("http://u/v1") is CircuitState.OPEN
+    assert store.reads == reads + 1  # a record with failures is never taken as fresh

@@ -341,14 +341,19 @@ def _scheduler(
 
 def breaker() -> CircuitBreaker:
     """The upstreams' circuit breakers: in Redis when configured (every process sees an
-    upstream open at once), else in this process."""
+    upstream open within ``INFERENCE_BREAKER_FRESH_SECONDS``), else in this process."""
     policy = BreakerPolicy(
         failures=settings.INFERENCE_BREAKER_FAILURES, cool_off=settings.INFERENCE_BREAKER_COOL_OFF
     )
     url = settings.INFERENCE_BREAKER_REDIS_URL
     if not url:
         return CircuitBreaker(store=_local_breakers(), policy=policy)
-    return _redis_breaker(url, policy=policy, key_prefix=settings.INFERENCE_QUEUE_KEY_PREFIX)
+    return _redis_breaker(
+        url,
+        policy=policy,
+        key_prefix=settings.INFERENCE_QUEUE_KEY_PREFIX,
+        fresh_for=settings.INFERENCE_BREAKER_FRESH_SECONDS,
+    )
 
 
 @functools.cache
@@ -357,11 +362,13 @@ def _local_breakers() -> LocalBreakerStore:
 
 
 @loop_cached
-def _redis_breaker(url: str, *, policy: BreakerPolicy, key_prefix: str) -> CircuitBreaker:
+def _redis_breaker(
+    url: str, *, policy: BreakerPolicy, key_prefix: str, fresh_for: float
+) -> CircuitBreaker:
     store = RedisBreakerStore(
         redis=redis_client(url), key_prefix=key_prefix, ttl=max(3600.0, 10 * policy.cool_off)
     )
-    return CircuitBreaker(store=store, policy=policy)
+    return CircuitBreaker(store=store, policy=policy, fresh_for=fresh_for)
 
 
 async def slot_acquire(*, team: Team, upstream: str) -> Slot:
