@@ -178,11 +178,12 @@ class OpenAIClient:
         self.retry = retry or Retry()
         self.read_interval = read_interval
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        # Shared by every answer of a process (see inference.transport).
+        self._transport = transport or AiohttpTransport(ssl_context=_ssl_context())
         self._http = httpx.AsyncClient(
             base_url=base_url.rstrip("/") + "/",
             headers=headers,
-            # Shared by every answer of a process (see inference.transport).
-            transport=transport or AiohttpTransport(ssl_context=_ssl_context()),
+            transport=self._transport,
             trust_env=False,
             timeout=httpx.Timeout(
                 connect=self.timeouts.connect,
@@ -191,6 +192,15 @@ class OpenAIClient:
                 pool=self.timeouts.connect,
             ),
         )
+        # What every generation request carries, made once: the answer's request goes
+        # straight to the transport (httpx's URL and header merging and its send() chain
+        # cost 0.15-0.2 ms here, before the first token, for nothing a chat stream uses).
+        self._chat_url = self._http.base_url.join("chat/completions")
+        self._chat_headers = [
+            *self._http.headers.multi_items(),
+            ("Content-Type", "application/json"),
+        ]
+        self._chat_extensions = {"timeout": self._http.timeout.as_dict()}
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -254,13 +264,22 @@ class OpenAIClient:
                 )
                 await asyncio.sleep(pause)
 
+    def _chat_request(self, request: ChatRequest) -> httpx.Request:
+        body = json.dumps(request.body(), ensure_ascii=False, separators=(",", ":"))
+        return httpx.Request(
+            "POST",
+            self._chat_url,
+            headers=self._chat_headers,
+            content=body.encode(),
+            extensions=self._chat_extensions,
+        )
+
     async def _attempt(self, request: ChatRequest, deadline: float) -> AsyncGenerator[Event]:
         splitter = ThinkSplitter(opened=request.reasoning_opened)
         try:
-            async with (
-                self._http.stream("POST", "chat/completions", json=request.body()) as response,
-                AsyncExitStack() as stack,
-            ):
+            async with AsyncExitStack() as stack:
+                response = await self._transport.handle_async_request(self._chat_request(request))
+                stack.push_async_callback(response.aclose)
                 if response.status_code != 200:
                     body = (await response.aread()).decode("utf-8", "replace")
                     raise upstream_error(response.status_code, body, response.headers)
