@@ -48,3 +48,19 @@ async def test_pings_while_waiting_then_events_in_order() -> None:
     assert frames[-1].startswith(b"id: 2\r\nevent: done\r\n")
     pings = [f for f in frames if f.startswith(b": ping")]
     assert 2 <= len(pings) <= 4
+
+
+async def test_a_frame_goes_out_before_the_next_is_asked_for_when_the_writer_waits() -> None:
+    """The first token leaves at once: the producer does not first pull the next frame
+    down the whole chain (the tier read, its parse) while the writer waits."""
+    order: list[str] = []
+
+    async def frames() -> AsyncIterator[bytes]:
+        for number in range(3):
+            yield b"%d" % number
+            order.append(f"asked after {number}")  # reading on, down to the tier
+            await asyncio.sleep(0.01)  # the tier's next token
+
+    async for chunk in with_pings(frames(), every=10):
+        order.append(f"sent {chunk.decode()}")
+    assert order[:4] == ["sent 0", "asked after 0", "sent 1", "asked after 1"]
