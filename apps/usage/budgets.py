@@ -49,14 +49,13 @@ from zoneinfo import ZoneInfo
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import F, Q, QuerySet, signals
-from django.db.models.functions import Greatest
 from django.utils import timezone
 
 from apps.accounts.models import ApiKey, Team
 from apps.core.exceptions import ApplicationError, InvalidRequest
 from apps.core.group_commit import budget_writer
 from apps.core.ids import key_take
-from apps.usage import metrics
+from apps.usage import metrics, statements
 from apps.usage.limiters import (
     Bucket,
     Limiter,
@@ -288,7 +287,7 @@ def _reserve(ask: _Ask, *, store: Limiter) -> Reservation:
             counters=counters,
             expires_at=now + timedelta(seconds=settings.RESERVATION_TTL_SECONDS),
         )
-        reservation.save(force_insert=True)
+        statements.reservation_insert(reservation)
     _hold(reservation, held)  # settling it here needs no read of its limits
     metrics.RESERVATIONS.labels(ask.kind).inc()
     return reservation
@@ -321,7 +320,7 @@ def _reserve_remote(store: RedisLimiter, ask: _Ask, *, defer_record: bool) -> Re
         if held.deferred:
             reservation.pk = key_take(Reservation)
         else:
-            reservation.save(force_insert=True)
+            statements.reservation_insert(reservation)
     except BaseException:  # Redis said yes, the database failed: give it all back
         with contextlib.suppress(LimiterUnavailable):
             store.release(
@@ -401,12 +400,9 @@ def _quota_key(name: str) -> QuotaKey:
 
 def _record(key: QuotaKey, actual: int) -> None:
     """Add what settled to a quota's database counter (made if it is the first)."""
-    counter = QuotaCounter.objects.filter(
-        limit_id=key.limit_id, period=key.period, starts_on=key.starts_on
-    )
-    if not counter.update(used=F("used") + actual):
+    if not statements.quota_record(key, tokens=actual):
         _counter(key)
-        counter.update(used=F("used") + actual)
+        statements.quota_record(key, tokens=actual)
 
 
 def _charge(quota: Quota, tokens: int, now: datetime) -> int:
@@ -414,15 +410,13 @@ def _charge(quota: Quota, tokens: int, now: datetime) -> int:
     known."""
     room = quota.maximum - tokens
     known = _counter_ids.get(quota.key)
-    charge = {"used": F("used") + tokens}
     # The key is checked too: a row of a rolled-back transaction may have left its id here.
-    cached = QuotaCounter.objects.filter(
-        pk=known, limit_id=quota.key.limit_id, period=quota.key.period, used__lte=room
-    )
-    if known is not None and cached.filter(starts_on=quota.key.starts_on).update(**charge):
+    if known is not None and statements.quota_charge(
+        known, tokens=tokens, room=room, key=quota.key
+    ):
         return known
     counter = _counter(quota.key)
-    if not QuotaCounter.objects.filter(pk=counter.pk, used__lte=room).update(**charge):
+    if not statements.quota_charge(counter.pk, tokens=tokens, room=room):
         counter.refresh_from_db(fields=["used"])
         _refuse(quota.refusal(counter.used, now))
     return counter.pk
@@ -476,7 +470,7 @@ def reservation_record(*, reservation: Reservation) -> None:
     held = _holds.get(reservation.token)
     if held is None or not held.deferred or held.written:
         return
-    Reservation.objects.bulk_create([reservation], ignore_conflicts=True)
+    statements.reservation_insert(reservation)
     held.written = True
 
 
@@ -630,24 +624,18 @@ def _settle(reservation: Reservation, actual: int, now: datetime) -> None:
     remote = reservation.store != Reservation.Store.DATABASE
     with transaction.atomic():
         if held is not None and held.deferred:
-            Reservation.objects.bulk_create([reservation], ignore_conflicts=True)
-        claimed = Reservation.objects.filter(
-            pk=reservation.pk, token=reservation.token, settled_at__isnull=True
-        ).update(settled_at=now, actual_tokens=actual, remote_pending=False)
-        if not claimed:
+            statements.reservation_insert(reservation)
+        if not statements.reservation_claim(reservation, now=now, actual=actual):
             return
         if held is not None and held.deferred:
             tokens = reservation.tokens  # this object is the record
         else:
-            tokens = Reservation.objects.values_list("tokens", flat=True).get(pk=reservation.pk)
+            tokens = statements.reservation_tokens(reservation.pk)
         difference = tokens - actual
         # Counters charged at admission (by id: the database store, and Redis reservations
         # from before Redis counted quotas) give the difference back.
         charged = [c for c in reservation.counters if isinstance(c, int)]
-        if charged:
-            QuotaCounter.objects.filter(pk__in=charged).update(
-                used=Greatest(F("used") - difference, 0)
-            )
+        statements.quota_refund(charged, tokens=difference)
         if not remote:
             limiter("database").release(
                 token=reservation.token,

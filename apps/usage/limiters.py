@@ -30,9 +30,8 @@ from typing import Any, Protocol
 import redis
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import F
-from django.db.models.functions import Greatest, Least
 
+from apps.usage import statements
 from apps.usage.models import Limit, StreamCounter, TokenBucket
 
 CONCURRENCY_RETRY_SECONDS = 1
@@ -163,20 +162,15 @@ class DatabaseLimiter:
         now: datetime,
     ) -> Refusal | None:
         for bucket in buckets:
-            row = _locked_bucket(bucket, now)
-            level, refilled_at = refilled(
-                row.level, row.refilled_at, bucket.capacity, bucket.rate, now
-            )
+            pk, level, refilled_at = _locked_bucket(bucket, now)
+            level, refilled_at = refilled(level, refilled_at, bucket.capacity, bucket.rate, now)
             if level < tokens:
                 return bucket_refusal(bucket, level, tokens)
-            TokenBucket.objects.filter(pk=row.pk).update(
-                level=level - tokens, refilled_at=refilled_at
-            )
+            statements.bucket_set(pk, level=level - tokens, refilled_at=refilled_at)
         for slot in slots:
-            opened = StreamCounter.objects.filter(limit_id=slot.limit_id, open__lt=slot.maximum)
-            if not opened.update(open=F("open") + 1):
+            if not statements.slot_take(slot.limit_id, maximum=slot.maximum):
                 _get_or_create(StreamCounter, limit_id=slot.limit_id)  # the first stream
-                if not opened.update(open=F("open") + 1):
+                if not statements.slot_take(slot.limit_id, maximum=slot.maximum):
                     return slot_refusal(slot)
         return None
 
@@ -190,12 +184,8 @@ class DatabaseLimiter:
         now: datetime,
     ) -> None:
         for bucket in buckets:
-            TokenBucket.objects.filter(limit_id=bucket.limit_id).update(
-                level=Least(F("level") + difference, bucket.capacity)
-            )
-        StreamCounter.objects.filter(limit_id__in=[slot.limit_id for slot in slots]).update(
-            open=Greatest(F("open") - 1, 0)
-        )
+            statements.bucket_refund(bucket.limit_id, tokens=difference, capacity=bucket.capacity)
+        statements.slots_free([slot.limit_id for slot in slots])
 
     def available(self, bucket: Bucket, now: datetime) -> int:
         row = TokenBucket.objects.filter(limit_id=bucket.limit_id).first()
@@ -204,8 +194,9 @@ class DatabaseLimiter:
         return refilled(row.level, row.refilled_at, bucket.capacity, bucket.rate, now)[0]
 
 
-def _locked_bucket(bucket: Bucket, now: datetime) -> TokenBucket:
-    row = TokenBucket.objects.select_for_update().filter(limit_id=bucket.limit_id).first()
+def _locked_bucket(bucket: Bucket, now: datetime) -> tuple[int, int, datetime]:
+    """The bucket's row (id, level, last refill), locked; made full if it is the first."""
+    row = statements.bucket_row(bucket.limit_id)
     if row is not None:
         return row
     _get_or_create(
@@ -213,7 +204,9 @@ def _locked_bucket(bucket: Bucket, now: datetime) -> TokenBucket:
         limit_id=bucket.limit_id,
         defaults={"level": bucket.capacity, "refilled_at": now},
     )
-    return TokenBucket.objects.select_for_update().get(limit_id=bucket.limit_id)
+    row = statements.bucket_row(bucket.limit_id)
+    assert row is not None  # noqa: S101 - made just above
+    return row
 
 
 def _get_or_create(model: Any, *, defaults: dict[str, Any] | None = None, **lookup: Any) -> Any:
