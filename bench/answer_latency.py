@@ -125,7 +125,17 @@ async def set_delay(request):
     return JSONResponse({"delay": upstream.script.delay, "stamp": upstream.script.stamp})
 
 
-routes = [Route("/bench/requests", recorded), Route("/bench/delay", set_delay, methods=["POST"])]
+async def spans(request):
+    taken = list(upstream.spans)
+    upstream.spans.clear()
+    return JSONResponse(taken)
+
+
+routes = [
+    Route("/bench/spans", spans),
+    Route("/bench/requests", recorded),
+    Route("/bench/delay", set_delay, methods=["POST"]),
+]
 app = Starlette(routes=[*upstream.app().routes, *routes])
 from bench.answer_latency import quiet_gc
 quiet_gc()
@@ -675,6 +685,14 @@ class BatchStats:
     chunks: list[int] = field(default_factory=list)
     wait_ms: list[float] = field(default_factory=list)
     headers_ms: list[float] = field(default_factory=list)
+    source: list[float] = field(default_factory=list)
+    """The tier's own aggregate output rate in each batch (the fake's spans): tokens /
+    (its last stream's end - its first stream's first token)."""
+
+    def add_spans(self, spans: list[tuple[float, float, int]]) -> None:
+        if spans:
+            span = max(end for _, end, _ in spans) - min(start for start, _, _ in spans)
+            self.source.append(sum(tokens for _, _, tokens in spans) / span)
 
     def add(self, streams: list[Stream]) -> None:
         for stream in streams:
@@ -701,12 +719,16 @@ def measure_throughput(
     max_tokens: int,
     concurrency: Sequence[int],
     reps: int,
+    spans: Callable[[], list[tuple[float, float, int]]] | None = None,
 ) -> dict[tuple[str, int], BatchStats]:
-    """Batches of concurrent streams, app and tier alternating; stats by (kind, count)."""
+    """Batches of concurrent streams, app and tier alternating; stats by (kind, count).
+    ``spans``: the fake tier's record of the streams it served since the last call."""
     stats: dict[tuple[str, int], BatchStats] = {}
     warm = stream_direct(tier, body_direct)  # warm-up
     if warm.error:
         raise RuntimeError(f"tier: {warm.error}")
+    if spans is not None:
+        spans()  # not the warm-up's
     for count in concurrency:
         app_stats = stats.setdefault(("app", count), BatchStats())
         tier_stats = stats.setdefault(("tier", count), BatchStats())
@@ -722,6 +744,8 @@ def measure_throughput(
                 else:
                     streams = concurrent_streams(count, lambda i: stream_direct(tier, body_direct))
                     tier_stats.add(streams)
+                if spans is not None:
+                    stats[(kind, count)].add_spans(spans())
     return stats
 
 

@@ -30,6 +30,11 @@ What is measured (every part in both configurations; one line per target,
        tokens counted inside the app's merged deltas (see bench/answer_latency.py);
        reported: median over batches, ratio app/tier.
        Targets: >= 0.97x at 4 streams, >= 0.95x at 32.
+       Beside it, the fake's own output rate in the same batches (its spans: tokens /
+       (last stream's end - first stream's first token), timed at the fake): the fake
+       paces each token by a sleep, so when the machine's cores are busy it falls behind
+       its nominal 1,000 tokens/s per stream, and the two rates say how much of a
+       shortfall is the tier's own.
     4. ``--streams`` (1,000) native SSE streams at once into one uvicorn worker, opened
        together from one ``httpx.AsyncClient``, against a slow fake tier (one token a
        second, ``--slow-tokens`` (60) per answer), and the same streams straight to the
@@ -254,6 +259,12 @@ class Stack:
         params = {"seconds": seconds, "stamp": int(stamp)}
         self.tier.post("/bench/delay", params=params).raise_for_status()
 
+    def tier_spans(self) -> list[tuple[float, float, int]]:
+        """The streams the fake finished since the last call (see ``FakeUpstream.spans``)."""
+        response = self.tier.get("/bench/spans")
+        response.raise_for_status()
+        return [tuple(span) for span in response.json()]  # type: ignore[misc]
+
 
 def raise_fd_limit() -> int:
     """Soft open-file limit up to the hard one (subprocesses inherit it); the new limit."""
@@ -391,6 +402,7 @@ def part_throughput(stack: Stack, part: Part) -> None:
         max_tokens=tokens,
         concurrency=counts,
         reps=stack.args.reps,
+        spans=stack.tier_spans,
     )
     for count in counts:
         app_rate = median(stats[("app", count)].aggregate)
@@ -413,6 +425,9 @@ def part_throughput(stack: Stack, part: Part) -> None:
                 if (heads := stats[("app", count)].headers_ms)
                 else ""
             )
+            + "; the fake's own output tokens/s while serving the app "
+            f"{median(stats[('app', count)].source):.0f}, the direct client "
+            f"{median(stats[('tier', count)].source):.0f}"
         )
 
 

@@ -61,6 +61,9 @@ class FakeUpstream:
     """The client port of each chat request: the same port twice is a reused connection."""
     disconnected_at: list[float] = field(default_factory=list)
     finished_at: list[float] = field(default_factory=list)
+    spans: list[tuple[float, float, int]] = field(default_factory=list)
+    """Each finished stream's output: when its first token went (``time.perf_counter``),
+    when ``[DONE]`` went, and its content tokens; a bench reads the tier's own rate."""
     active: int = 0
     peak: int = 0
     """Streams open at once now, and the most ever (the app's queue bounds it)."""
@@ -134,6 +137,7 @@ class FakeUpstream:
         self.peak = max(self.peak, self.active)
         try:
             yield chunk({"role": "assistant", "content": ""})
+            started = time.perf_counter()
             for text in script.reasoning:
                 await asyncio.sleep(script.delay)
                 yield chunk({"reasoning_content": text})
@@ -161,6 +165,7 @@ class FakeUpstream:
                 yield b"data: " + json.dumps(payload).encode() + b"\n\n"
             yield b"data: [DONE]\n\n"
             self.finished_at.append(time.monotonic())
+            self.spans.append((started, time.perf_counter(), len(tokens)))
         except asyncio.CancelledError:
             self.disconnected_at.append(time.monotonic())
             raise

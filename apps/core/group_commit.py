@@ -42,9 +42,11 @@ class GroupCommit:
 
     def run(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
         """``fn(*args, **kwargs)`` committed, possibly with others' writes; its result, or
-        its exception. Inside a transaction already, it simply runs in it."""
+        its exception. It runs in a savepoint of its own (one that raises leaves nothing
+        behind); inside a transaction already, a savepoint of that one."""
         if transaction.get_connection(self.using).in_atomic_block:
-            return fn(*args, **kwargs)
+            with transaction.atomic(using=self.using):
+                return fn(*args, **kwargs)
         write: _Write[R] = _Write(lambda: fn(*args, **kwargs))
         with self._pending_lock:
             self._pending.append(write)

@@ -271,23 +271,22 @@ def _quotas(limits: list[Limit], now: datetime, team: Team) -> list[Quota]:
 
 
 def _reserve(ask: _Ask, *, store: Limiter) -> Reservation:
-    """The database store: one transaction, the row inserted last (a refusal writes
-    nothing). Called through the one writer (:data:`budget_writer`)."""
+    """The database store: the row inserted last. Called through the one writer
+    (:data:`budget_writer`), in a savepoint of its own: a refusal writes nothing."""
     token, held, now = uuid.uuid4(), ask.held, ask.now
-    with transaction.atomic():
-        counters = [_charge(quota, ask.tokens, now) for quota in held.quotas]
-        refusal = store.acquire(
-            token=token, buckets=held.buckets, slots=held.slots, tokens=ask.tokens, now=now
-        )
-        if refusal is not None:
-            _refuse(refusal)
-        reservation = ask.row(
-            token=token,
-            store=Reservation.Store.DATABASE,
-            counters=counters,
-            expires_at=now + timedelta(seconds=settings.RESERVATION_TTL_SECONDS),
-        )
-        statements.reservation_insert(reservation)
+    counters = [_charge(quota, ask.tokens, now) for quota in held.quotas]
+    refusal = store.acquire(
+        token=token, buckets=held.buckets, slots=held.slots, tokens=ask.tokens, now=now
+    )
+    if refusal is not None:
+        _refuse(refusal)
+    reservation = ask.row(
+        token=token,
+        store=Reservation.Store.DATABASE,
+        counters=counters,
+        expires_at=now + timedelta(seconds=settings.RESERVATION_TTL_SECONDS),
+    )
+    statements.reservation_insert(reservation)
     _hold(reservation, held)  # settling it here needs no read of its limits
     metrics.RESERVATIONS.labels(ask.kind).inc()
     return reservation
@@ -620,37 +619,37 @@ def budget_settle(*, reservation: Reservation, actual: int, now: datetime | None
 
 
 def _settle(reservation: Reservation, actual: int, now: datetime) -> None:
+    """Called through the one writer, in a savepoint of its own (all or nothing)."""
     held = _holds.get(reservation.token)
     remote = reservation.store != Reservation.Store.DATABASE
-    with transaction.atomic():
-        if held is not None and held.deferred:
-            statements.reservation_insert(reservation)
-        if not statements.reservation_claim(reservation, now=now, actual=actual):
-            return
-        if held is not None and held.deferred:
-            tokens = reservation.tokens  # this object is the record
-        else:
-            tokens = statements.reservation_tokens(reservation.pk)
-        difference = tokens - actual
-        # Counters charged at admission (by id: the database store, and Redis reservations
-        # from before Redis counted quotas) give the difference back.
-        charged = [c for c in reservation.counters if isinstance(c, int)]
-        statements.quota_refund(charged, tokens=difference)
-        if not remote:
-            limiter("database").release(
-                token=reservation.token,
-                buckets=held.buckets if held is not None else _buckets(reservation),
-                slots=held.slots if held is not None else _slots(reservation),
-                difference=difference,
-                now=now,
-            )
-        else:
-            # Under the counters' row locks until commit, so the periodic reconciliation
-            # sees this settlement in both places or in neither.
-            for key in _quota_keys(reservation):
-                _record(key, actual)
-            if not _release_remote(reservation, held, difference, actual, now):
-                Reservation.objects.filter(pk=reservation.pk).update(remote_pending=True)
+    if held is not None and held.deferred:
+        statements.reservation_insert(reservation)
+    if not statements.reservation_claim(reservation, now=now, actual=actual):
+        return
+    if held is not None and held.deferred:
+        tokens = reservation.tokens  # this object is the record
+    else:
+        tokens = statements.reservation_tokens(reservation.pk)
+    difference = tokens - actual
+    # Counters charged at admission (by id: the database store, and Redis reservations
+    # from before Redis counted quotas) give the difference back.
+    charged = [c for c in reservation.counters if isinstance(c, int)]
+    statements.quota_refund(charged, tokens=difference)
+    if not remote:
+        limiter("database").release(
+            token=reservation.token,
+            buckets=held.buckets if held is not None else _buckets(reservation),
+            slots=held.slots if held is not None else _slots(reservation),
+            difference=difference,
+            now=now,
+        )
+    else:
+        # Under the counters' row locks until commit, so the periodic reconciliation
+        # sees this settlement in both places or in neither.
+        for key in _quota_keys(reservation):
+            _record(key, actual)
+        if not _release_remote(reservation, held, difference, actual, now):
+            Reservation.objects.filter(pk=reservation.pk).update(remote_pending=True)
     if held is not None:
         held.settled = True
     metrics.SETTLEMENTS.labels(reservation.kind).inc()

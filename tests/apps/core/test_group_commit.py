@@ -110,3 +110,18 @@ def test_inside_a_transaction_it_is_part_of_it() -> None:
         group.run(factories.team, name="rolled back")
         raise RuntimeError
     assert not Team.objects.exists()
+
+
+def test_inside_a_transaction_a_failing_write_leaves_nothing_and_the_rest_goes_on() -> None:
+    group = GroupCommit()
+
+    def half_done() -> None:
+        factories.team(name="half")
+        raise ValueError("refused")
+
+    with transaction.atomic():
+        factories.team(name="before")
+        with pytest.raises(ValueError, match="refused"):
+            group.run(half_done)
+        factories.team(name="after")
+    assert sorted(Team.objects.values_list("name", flat=True)) == ["after", "before"]
