@@ -39,8 +39,9 @@ What is measured (one run, three parts, each printed as a table)
        aggregate rates and their ratios app/tier, chunks per stream, and the median wait to
        a stream's first token. The real tier serves one request at a time, so concurrent
        streams queue behind each other. The same is then measured against the scripted fake
-       upstream (``tests.fake_upstream``, one token every ``--fake-delays`` seconds, 10 ms
-       and 1 ms by default, streams served concurrently), which isolates the app's own
+       upstream (``tests.fake_upstream``, one token every ``--fake-delays`` seconds on a
+       fixed schedule, 10 ms and 1 ms by default, streams served concurrently; see
+       ``Script.paced``), which isolates the app's own
        overhead (``--no-fake`` skips it). The fake also records what the app sends: before
        part 1 the script checks that the app's request body is exactly the one sent
        directly.
@@ -112,7 +113,7 @@ from starlette.routing import Route
 from tests.fake_upstream import FakeUpstream, Script
 
 port, delay = int(sys.argv[1]), float(sys.argv[2])
-upstream = FakeUpstream(script=Script(emit_max_tokens=True, delay=delay))
+upstream = FakeUpstream(script=Script(emit_max_tokens=True, delay=delay, paced=True))
 
 
 async def recorded(request):
@@ -686,13 +687,11 @@ class BatchStats:
     wait_ms: list[float] = field(default_factory=list)
     headers_ms: list[float] = field(default_factory=list)
     source: list[float] = field(default_factory=list)
-    """The tier's own aggregate output rate in each batch (the fake's spans): tokens /
-    (its last stream's end - its first stream's first token)."""
+    """The tier's own output rate per stream, timed at the fake (its spans): tokens / (its
+    ``[DONE]`` - its first token), one figure per stream."""
 
     def add_spans(self, spans: list[tuple[float, float, int]]) -> None:
-        if spans:
-            span = max(end for _, end, _ in spans) - min(start for start, _, _ in spans)
-            self.source.append(sum(tokens for _, _, tokens in spans) / span)
+        self.source.extend(tokens / (end - start) for start, end, tokens in spans if end > start)
 
     def add(self, streams: list[Stream]) -> None:
         for stream in streams:

@@ -30,11 +30,13 @@ What is measured (every part in both configurations; one line per target,
        tokens counted inside the app's merged deltas (see bench/answer_latency.py);
        reported: median over batches, ratio app/tier.
        Targets: >= 0.97x at 4 streams, >= 0.95x at 32.
-       Beside it, the fake's own output rate in the same batches (its spans: tokens /
-       (last stream's end - first stream's first token), timed at the fake): the fake
-       paces each token by a sleep, so when the machine's cores are busy it falls behind
-       its nominal 1,000 tokens/s per stream, and the two rates say how much of a
-       shortfall is the tier's own.
+       The fake paces its tokens on a fixed schedule (``Script.paced``: token i due i ms
+       after the first, those due sent together when it runs late), as a tier generating
+       at its own rate: paced by a sleep per token instead, it ran at 790-840 tokens/s per
+       stream, slower still beside the app (both share the machine's cores), so the
+       ratio weighed the fake's share of the CPU. Beside it, the fake's own rate per
+       stream in the same batches (its spans: tokens / (``[DONE]`` - first token), timed
+       at the fake, median), serving the app and serving the client directly.
     4. ``--streams`` (1,000) native SSE streams at once into one uvicorn worker, opened
        together from one ``httpx.AsyncClient``, against a slow fake tier (one token a
        second, ``--slow-tokens`` (60) per answer), and the same streams straight to the
@@ -425,7 +427,7 @@ def part_throughput(stack: Stack, part: Part) -> None:
                 if (heads := stats[("app", count)].headers_ms)
                 else ""
             )
-            + "; the fake's own output tokens/s while serving the app "
+            + "; the fake's own tokens/s per stream (p50, nominal 1000) serving the app "
             f"{median(stats[('app', count)].source):.0f}, the direct client "
             f"{median(stats[('tier', count)].source):.0f}"
         )

@@ -42,6 +42,11 @@ class Script:
     malformed_after: int | None = None
     finish_reason: str = "stop"
     emit_max_tokens: bool = False
+    paced: bool = False
+    """Content tokens fall due on a fixed schedule, one every ``delay`` from the first, as
+    a tier generating at its own rate: when this process runs late (its cores busy), the
+    tokens due go out together in one write instead of each being pushed back. Off: a
+    sleep of ``delay`` before each token, however long the last one took."""
     stamp: bool = False
     """Each content token ends with ``@`` and the moment it was sent (``time.perf_counter``,
     the machine's monotonic clock, the same in every process), so a bench can time each
@@ -141,6 +146,7 @@ class FakeUpstream:
             for text in script.reasoning:
                 await asyncio.sleep(script.delay)
                 yield chunk({"reasoning_content": text})
+            due, late = time.monotonic(), b""  # paced: the tokens due, not sent yet
             for number, text in enumerate(tokens):
                 if number == script.drop_after:
                     raise ConnectionResetError("fake upstream drops the connection")
@@ -148,10 +154,24 @@ class FakeUpstream:
                     await asyncio.sleep(3600)
                 if number == script.malformed_after:
                     yield b"data: {not json\n\n"
-                await asyncio.sleep(script.delay)
+                paced = script.paced and script.delay > 0
+                if paced:
+                    due += script.delay
+                    if (wait := due - time.monotonic()) > 0:
+                        if late:
+                            yield late
+                            late = b""
+                        await asyncio.sleep(wait)
+                else:
+                    await asyncio.sleep(script.delay)
                 if script.stamp:
                     text = f"{text}@{time.perf_counter():.6f}"
-                yield chunk({"content": text})
+                if paced:
+                    late += chunk({"content": text})
+                else:
+                    yield chunk({"content": text})
+            if late:
+                yield late
             extra = {"usage": usage} if script.usage == "on_content" else {}
             yield chunk({}, finish=script.finish_reason, **extra)
             if script.usage == "final_chunk":
