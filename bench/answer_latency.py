@@ -113,7 +113,7 @@ from starlette.routing import Route
 from tests.fake_upstream import FakeUpstream, Script
 
 port, delay = int(sys.argv[1]), float(sys.argv[2])
-upstream = FakeUpstream(script=Script(emit_max_tokens=True, delay=delay, paced=True))
+upstream = FakeUpstream(script=Script(emit_max_tokens=True, delay=delay))
 
 
 async def recorded(request):
@@ -123,6 +123,7 @@ async def recorded(request):
 async def set_delay(request):
     upstream.script.delay = float(request.query_params["seconds"])
     upstream.script.stamp = request.query_params.get("stamp") == "1"
+    upstream.script.paced = request.query_params.get("paced") == "1"
     return JSONResponse({"delay": upstream.script.delay, "stamp": upstream.script.stamp})
 
 
@@ -944,7 +945,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         if fake is not None and fake_app is not None:
             for delay in args.fake_delays:
-                fake.post("/bench/delay", params={"seconds": delay}).raise_for_status()
+                params = {"seconds": delay, "paced": 1}  # a tier's own rate: see Script.paced
+                fake.post("/bench/delay", params=params).raise_for_status()
                 part_throughput(
                     title=(
                         f"b. Tokens/s at an SSE client: app against the fake upstream "

@@ -256,9 +256,10 @@ class Stack:
     app: httpx.Client
     tier: httpx.Client
 
-    def set_delay(self, seconds: float, *, stamp: bool = False) -> None:
-        """The fake's pause before each token; ``stamp``: tokens carry their send time."""
-        params = {"seconds": seconds, "stamp": int(stamp)}
+    def set_delay(self, seconds: float, *, stamp: bool = False, paced: bool = False) -> None:
+        """The fake's pause before each token; ``stamp``: tokens carry their send time;
+        ``paced``: on a fixed schedule (``Script.paced``)."""
+        params = {"seconds": seconds, "stamp": int(stamp), "paced": int(paced)}
         self.tier.post("/bench/delay", params=params).raise_for_status()
 
     def tier_spans(self) -> list[tuple[float, float, int]]:
@@ -393,7 +394,7 @@ def part_admission(stack: Stack, part: Part) -> None:
 
 
 def part_throughput(stack: Stack, part: Part) -> None:
-    stack.set_delay(0.001)
+    stack.set_delay(0.001, paced=True)
     tokens = stack.args.tokens
     counts, goals = (4, 32), {4: 0.97, 32: 0.95}
     stats = measure_throughput(

@@ -24,6 +24,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+PACED_BATCH = 16
+"""The most tokens a late paced stream sends in one write."""
+
 
 @dataclass
 class Script:
@@ -45,8 +48,9 @@ class Script:
     paced: bool = False
     """Content tokens fall due on a fixed schedule, one every ``delay`` from the first, as
     a tier generating at its own rate: when this process runs late (its cores busy), the
-    tokens due go out together in one write instead of each being pushed back. Off: a
-    sleep of ``delay`` before each token, however long the last one took."""
+    tokens due go out together (up to ``PACED_BATCH`` a write) instead of each being
+    pushed back. Off: a sleep of ``delay`` before each token, however long the last one
+    took. ``stamp`` is the moment a token is written either way."""
     stamp: bool = False
     """Each content token ends with ``@`` and the moment it was sent (``time.perf_counter``,
     the machine's monotonic clock, the same in every process), so a bench can time each
@@ -132,6 +136,11 @@ class FakeUpstream:
             }
             return b"data: " + json.dumps(payload).encode() + b"\n\n"
 
+        def stamped(texts: list[str]) -> bytes:
+            """The chunks of ``texts``, each stamped now (see ``Script.stamp``)."""
+            sent = f"@{time.perf_counter():.6f}" if script.stamp else ""
+            return b"".join(chunk({"content": text + sent}) for text in texts)
+
         usage = script.usage_override or {
             "prompt_tokens": script.prompt_tokens,
             "completion_tokens": len(tokens) + len(script.reasoning),
@@ -146,7 +155,7 @@ class FakeUpstream:
             for text in script.reasoning:
                 await asyncio.sleep(script.delay)
                 yield chunk({"reasoning_content": text})
-            due, late = time.monotonic(), b""  # paced: the tokens due, not sent yet
+            due, late = time.monotonic(), []  # paced: the tokens due, not sent yet
             for number, text in enumerate(tokens):
                 if number == script.drop_after:
                     raise ConnectionResetError("fake upstream drops the connection")
@@ -154,24 +163,21 @@ class FakeUpstream:
                     await asyncio.sleep(3600)
                 if number == script.malformed_after:
                     yield b"data: {not json\n\n"
-                paced = script.paced and script.delay > 0
-                if paced:
-                    due += script.delay
-                    if (wait := due - time.monotonic()) > 0:
-                        if late:
-                            yield late
-                            late = b""
-                        await asyncio.sleep(wait)
-                else:
+                if not (script.paced and script.delay > 0):
                     await asyncio.sleep(script.delay)
-                if script.stamp:
-                    text = f"{text}@{time.perf_counter():.6f}"
-                if paced:
-                    late += chunk({"content": text})
-                else:
-                    yield chunk({"content": text})
+                    yield stamped([text])
+                    continue
+                due += script.delay
+                if (wait := due - time.monotonic()) > 0:
+                    await asyncio.sleep(wait)
+                late.append(text)
+                # Sent once the next token is not due yet, or 16 are waiting (a late fake
+                # still sends as it goes, just fewer, bigger writes).
+                if due + script.delay > time.monotonic() or len(late) == PACED_BATCH:
+                    yield stamped(late)
+                    late.clear()
             if late:
-                yield late
+                yield stamped(late)
             extra = {"usage": usage} if script.usage == "on_content" else {}
             yield chunk({}, finish=script.finish_reason, **extra)
             if script.usage == "final_chunk":
