@@ -266,7 +266,7 @@ class Stack:
         """The streams the fake finished since the last call (see ``FakeUpstream.spans``)."""
         response = self.tier.get("/bench/spans")
         response.raise_for_status()
-        return [tuple(span) for span in response.json()]  # type: ignore[misc]
+        return [(start, end, tokens) for start, end, tokens in response.json()]
 
 
 def raise_fd_limit() -> int:

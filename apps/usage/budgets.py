@@ -624,12 +624,9 @@ def _settle(reservation: Reservation, actual: int, now: datetime) -> None:
     remote = reservation.store != Reservation.Store.DATABASE
     if held is not None and held.deferred:
         statements.reservation_insert(reservation)
-    if not statements.reservation_claim(reservation, now=now, actual=actual):
+    tokens = statements.reservation_claim(reservation, now=now, actual=actual)
+    if tokens is None:
         return
-    if held is not None and held.deferred:
-        tokens = reservation.tokens  # this object is the record
-    else:
-        tokens = statements.reservation_tokens(reservation.pk)
     difference = tokens - actual
     # Counters charged at admission (by id: the database store, and Redis reservations
     # from before Redis counted quotas) give the difference back.

@@ -81,9 +81,9 @@ def _sql(vendor: str) -> dict[str, str]:
         ),
         "claim": (
             f"UPDATE {reservation} SET settled_at = %s, actual_tokens = %s, "
-            "remote_pending = %s WHERE id = %s AND token = %s AND settled_at IS NULL"
+            "remote_pending = %s WHERE id = %s AND token = %s AND settled_at IS NULL "
+            "RETURNING tokens"
         ),
-        "tokens": f"SELECT tokens FROM {reservation} WHERE id = %s",
     }
 
 
@@ -184,9 +184,9 @@ def reservation_insert(reservation: Reservation) -> None:
     reservation._state.adding = False
 
 
-def reservation_claim(reservation: Reservation, *, now: datetime, actual: int) -> bool:
-    """Mark an open reservation settled with ``actual`` tokens; False if it was settled
-    already (by anyone)."""
+def reservation_claim(reservation: Reservation, *, now: datetime, actual: int) -> int | None:
+    """Mark an open reservation settled with ``actual`` tokens; the tokens its row holds,
+    or None if it was settled already (by anyone)."""
     db = _db()
     params = [
         _prep(db, Reservation, "settled_at", now),
@@ -195,11 +195,8 @@ def reservation_claim(reservation: Reservation, *, now: datetime, actual: int) -
         reservation.pk,
         _prep(db, Reservation, "token", reservation.token),
     ]
-    return bool(_run(db, "claim", params))
-
-
-def reservation_tokens(pk: int) -> int:
-    return int(_run(_db(), "tokens", [pk])[0][0])
+    rows = _run(db, "claim", params)
+    return int(rows[0][0]) if rows else None
 
 
 def _aware(value: datetime | str | date) -> datetime:

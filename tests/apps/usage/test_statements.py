@@ -114,10 +114,8 @@ def test_a_reservation_is_inserted_claimed_once_and_read_back(team: Team) -> Non
         T0 + timedelta(minutes=10),
         None,
     )
-    assert statements.reservation_tokens(made.pk) == 100
-
-    assert statements.reservation_claim(made, now=T0, actual=42)
-    assert not statements.reservation_claim(made, now=T0, actual=43)
+    assert statements.reservation_claim(made, now=T0, actual=42) == 100
+    assert statements.reservation_claim(made, now=T0, actual=43) is None
     stored.refresh_from_db()
     assert (stored.settled_at, stored.actual_tokens, stored.remote_pending) == (T0, 42, False)
 
