@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import itertools
 import json
 import logging
 import random
@@ -396,14 +397,13 @@ def coalesced(events: list[Event]) -> list[Event]:
     runs once per read instead of once per token. Nothing waits for a batch to fill, so a
     slow stream still goes token by token."""
     merged: list[Event] = []
-    for event in events:
-        last = merged[-1] if merged else None
-        if isinstance(event, TextDelta) and isinstance(last, TextDelta):
-            merged[-1] = TextDelta(last.text + event.text)  # one read: at most 64 KiB
-        elif isinstance(event, ReasoningDelta) and isinstance(last, ReasoningDelta):
-            merged[-1] = ReasoningDelta(last.text + event.text)
+    for kind, run in itertools.groupby(events, type):
+        if kind is TextDelta or kind is ReasoningDelta:
+            deltas = cast(list[TextDelta | ReasoningDelta], list(run))
+            joined = len(deltas) > 1
+            merged.append(kind("".join(d.text for d in deltas)) if joined else deltas[0])
         else:
-            merged.append(event)
+            merged.extend(run)
     return merged
 
 
@@ -424,11 +424,18 @@ def _data(line: str) -> str | None:
     return line[5:].strip()
 
 
+_DECODER = json.JSONDecoder()
+
+
 def _json(payload: str) -> dict[str, Any]:
+    # ``raw_decode``: ``json.loads`` without its wrapping (half its time on a token's chunk);
+    # the payload is stripped, so what follows the value is the only thing left to check.
     try:
-        value = json.loads(payload)
+        value, end = _DECODER.raw_decode(payload)
     except json.JSONDecodeError as exc:
         raise UpstreamProtocolError(f"malformed JSON in the stream: {payload[:200]!r}") from exc
+    if end != len(payload):
+        raise UpstreamProtocolError(f"malformed JSON in the stream: {payload[:200]!r}")
     if not isinstance(value, dict):
         raise UpstreamProtocolError("a stream chunk is not a JSON object")
     return value

@@ -28,6 +28,9 @@ class ThinkSplitter:
         """The answer has begun: no block can open any more."""
 
     def feed(self, text: str) -> list[tuple[Kind, str]]:
+        if text and not self._buffer and "<" not in text and (self._inside or self._answering):
+            # Nearly every token: nothing held, and no tag can start in it.
+            return [("reasoning" if self._inside else "content", text)]
         self._buffer += text
         out: list[tuple[Kind, str]] = []
         while self._buffer:
@@ -75,6 +78,8 @@ class ThinkSplitter:
 
 def _partial_suffix(text: str, tag: str) -> int:
     """Length of the longest suffix of ``text`` that is a proper prefix of ``tag``."""
+    if tag[0] not in text[1 - len(tag) :]:
+        return 0  # every such suffix starts with the tag's first character
     for size in range(min(len(tag) - 1, len(text)), 0, -1):
         if tag.startswith(text[-size:]):
             return size

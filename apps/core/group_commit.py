@@ -6,9 +6,10 @@ locks their writes share (a team's quota counter), so the last of 32 waits for 3
 Here, whoever finds the writer free takes every write pending at that moment and runs them
 in one transaction, each in its own savepoint (one that fails rolls back alone and raises
 in its own thread), then commits once; the others wait for their result. With no
-contention a write goes alone, as it would without this; under contention the batches grow
-on their own. A write must use only the database and its arguments: it runs on the
-combining thread (and its connection).
+contention a write goes alone, as it would without this, in a transaction of its own and
+no savepoint (two statements fewer); under contention the batches grow on their own. A
+write must use only the database and its arguments: it runs on the combining thread (and
+its connection).
 """
 
 from __future__ import annotations
@@ -42,8 +43,9 @@ class GroupCommit:
 
     def run(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
         """``fn(*args, **kwargs)`` committed, possibly with others' writes; its result, or
-        its exception. It runs in a savepoint of its own (one that raises leaves nothing
-        behind); inside a transaction already, a savepoint of that one."""
+        its exception. One that raises leaves nothing behind: it runs in a savepoint of its
+        own, or alone in its transaction; inside a transaction already, in a savepoint of
+        that one."""
         if transaction.get_connection(self.using).in_atomic_block:
             with transaction.atomic(using=self.using):
                 return fn(*args, **kwargs)
@@ -60,11 +62,13 @@ class GroupCommit:
         return write.value  # type: ignore[return-value]
 
     def _commit(self, batch: list[_Write[Any]]) -> None:
+        # A write alone is the transaction: if it fails, the whole of it rolls back.
+        savepoints = len(batch) > 1
         try:
             with transaction.atomic(using=self.using):
                 for write in batch:
                     try:
-                        with transaction.atomic(using=self.using):  # a savepoint
+                        with transaction.atomic(using=self.using, savepoint=savepoints):
                             write.value = write.call()
                     except Exception as exc:
                         write.error = exc

@@ -172,8 +172,9 @@ async def test_stream_without_done_is_an_error() -> None:
 
 
 async def test_malformed_json_and_in_band_errors() -> None:
-    with pytest.raises(UpstreamProtocolError, match="malformed"):
-        await collect(client_for(sse(b"data: {nope\n\n")))
+    for line in (b"data: {nope", b'data: {"choices": []} {"choices": []}', b"data: [1, 2]"):
+        with pytest.raises(UpstreamProtocolError, match=r"malformed|not a JSON object"):
+            await collect(client_for(sse(line + b"\n\n")))
     body = b'data: {"error": {"message": "engine died", "code": "internal"}}\n\ndata: [DONE]\n\n'
     with pytest.raises(InferenceError, match="mid-answer") as raised:
         await collect(client_for(sse(body)))

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from inference.reasoning import ThinkSplitter
 
@@ -43,3 +47,21 @@ def test_a_lone_closing_tag_never_shows() -> None:
 def test_an_unclosed_block_stays_reasoning_and_plain_text_passes() -> None:
     assert split(["<think>still thinking"]) == ("still thinking", "")
     assert split(["Plain ", "answer <thi", "ng>"]) == ("", "Plain answer <thing>")
+
+
+@given(
+    text=st.text(alphabet="<>/think ab", max_size=40),
+    cuts=st.lists(st.integers(min_value=0, max_value=40), max_size=12),
+    opened=st.booleans(),
+)
+def test_any_chunking_splits_as_the_whole_text_does(
+    text: str, cuts: list[int], opened: bool
+) -> None:
+    bounds = sorted({0, len(text), *(min(cut, len(text)) for cut in cuts)})
+    chunks = [text[start:end] for start, end in itertools.pairwise(bounds)]
+    assert split(chunks, opened=opened) == split([text], opened=opened)
+
+
+def test_token_by_token_the_tags_still_split() -> None:
+    tokens = ["<", "think", ">", "weigh", " it", "<", "/", "think", ">", "The", " <", "b>", "."]
+    assert split(tokens) == ("weigh it", "The <b>.")

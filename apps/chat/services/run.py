@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from types import TracebackType
 from typing import Any, TypeVar
 
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError
 from redis.exceptions import RedisError
 
 from apps.chat.events import Events, event_store
@@ -161,6 +161,8 @@ class _Keys:
 
     message_id: int
     conversation_id: int
+    question_id: int
+    """The user's message (0 for an answer not stored); below ``message_id``."""
 
     @classmethod
     async def take(cls, prepared: PreparedAnswer) -> _Keys:
@@ -169,7 +171,12 @@ class _Keys:
             conversation_id = conversation.pk
         else:  # a new one, unless nothing is stored (0: none)
             conversation_id = await key_next(Conversation) if prepared.store else 0
-        return cls(message_id=await key_next(Message), conversation_id=conversation_id)
+        question_id = await key_next(Message) if prepared.store else 0
+        return cls(
+            message_id=await key_next(Message),
+            conversation_id=conversation_id,
+            question_id=question_id,
+        )
 
 
 @dataclass
@@ -201,6 +208,7 @@ class AnswerRun:
         self.lease = lease
         self.queued = lease.waited
         self.failover = failover
+        self.keys = keys
         self.message_id = keys.message_id
         self.conversation_id = keys.conversation_id
         self.rows: asyncio.Future[None] | None = None
@@ -272,12 +280,7 @@ class AnswerRun:
             return
         self._rows_due.cancel()
         self._rows_due = None
-        write = db_call(budget_writer.run)(
-            _messages_create,
-            self.prepared,
-            message_id=self.message_id,
-            conversation_id=self.conversation_id,
-        )
+        write = db_call(budget_writer.run)(_messages_create, self.prepared, self.keys)
         self.rows = asyncio.ensure_future(write)
         self.rows.add_done_callback(self._rows_written)
 
@@ -574,19 +577,24 @@ def _observe(usage: Usage, status: str, error: ApplicationError | None) -> None:
         metrics.UPSTREAM_ERRORS.labels(error.code).inc()
 
 
-@transaction.atomic
-def _messages_create(prepared: PreparedAnswer, *, message_id: int, conversation_id: int) -> None:
+def _messages_create(prepared: PreparedAnswer, keys: _Keys) -> None:
+    """The question and the (streaming) answer, in one insert, with their keys taken
+    ahead. Called through the one writer: all or nothing."""
     caller, team = prepared.caller, prepared.caller.team
     if prepared.reservation is not None:
         reservation_record(reservation=prepared.reservation)
     conversation = prepared.conversation
     if conversation is None:
-        conversation = conversation_create(caller=caller, title="openai", key=conversation_id)
-    Message.objects.create(
-        conversation=conversation, team=team, role=Message.Role.USER, content=prepared.question
+        conversation = conversation_create(caller=caller, title="openai", key=keys.conversation_id)
+    question = Message(
+        pk=keys.question_id,
+        conversation=conversation,
+        team=team,
+        role=Message.Role.USER,
+        content=prepared.question,
     )
-    message = Message.objects.create(
-        pk=message_id,
+    answer = Message(
+        pk=keys.message_id,
         conversation=conversation,
         team=team,
         role=Message.Role.ASSISTANT,
@@ -595,7 +603,8 @@ def _messages_create(prepared: PreparedAnswer, *, message_id: int, conversation_
         model=prepared.spec.alias,
         served_model=prepared.spec.served_name,
     )
-    Conversation.objects.filter(pk=conversation.pk).update(updated_at=message.created_at)
+    Message.objects.bulk_create([question, answer])  # created_at set in order
+    Conversation.objects.filter(pk=conversation.pk).update(updated_at=answer.created_at)
 
 
 LEDGER_STATUS = {
@@ -614,7 +623,7 @@ def _save(run: AnswerRun, *, rows_written: bool) -> None:
     message_id = run.message_id
     stored = prepared.store
     if stored and not rows_written and not Message.objects.filter(pk=message_id).exists():
-        _messages_create(prepared, message_id=message_id, conversation_id=run.conversation_id)
+        _messages_create(prepared, run.keys)
     caller = prepared.caller
     if prepared.reservation is not None:
         budget_settle(reservation=prepared.reservation, actual=usage.total_tokens)

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
 
 from apps.accounts.models import Team
 from apps.core.group_commit import GroupCommit
@@ -125,3 +126,18 @@ def test_inside_a_transaction_a_failing_write_leaves_nothing_and_the_rest_goes_o
             group.run(half_done)
         factories.team(name="after")
     assert sorted(Team.objects.values_list("name", flat=True)) == ["after", "before"]
+
+
+def test_a_write_alone_is_its_own_transaction_with_no_savepoint() -> None:
+    group = GroupCommit()
+
+    def half_done() -> None:
+        factories.team(name="half")
+        raise ValueError("refused")
+
+    with CaptureQueriesContext(connection) as queries:
+        assert group.run(lambda: factories.team(name="alone").name) == "alone"
+        with pytest.raises(ValueError, match="refused"):
+            group.run(half_done)
+    assert list(Team.objects.values_list("name", flat=True)) == ["alone"]
+    assert not [q["sql"] for q in queries if "SAVEPOINT" in q["sql"].upper()]
