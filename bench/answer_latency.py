@@ -690,6 +690,14 @@ class BatchStats:
     source: list[float] = field(default_factory=list)
     """The tier's own output rate per stream, timed at the fake (its spans): tokens / (its
     ``[DONE]`` - its first token), one figure per stream."""
+    cpu_ms: dict[str, list[float]] = field(default_factory=dict)
+    """CPU time per answer of each process measured (see ``measure_throughput``'s
+    ``cpu``), one figure per batch."""
+
+    def add_cpu(self, before: dict[str, float], after: dict[str, float], answers: int) -> None:
+        for name, seconds in after.items():
+            per_answer = (seconds - before[name]) * 1000.0 / answers
+            self.cpu_ms.setdefault(name, []).append(per_answer)
 
     def add_spans(self, spans: list[tuple[float, float, int]]) -> None:
         self.source.extend(tokens / (end - start) for start, end, tokens in spans if end > start)
@@ -720,9 +728,12 @@ def measure_throughput(
     concurrency: Sequence[int],
     reps: int,
     spans: Callable[[], list[tuple[float, float, int]]] | None = None,
+    cpu: Callable[[], dict[str, float]] | None = None,
 ) -> dict[tuple[str, int], BatchStats]:
     """Batches of concurrent streams, app and tier alternating; stats by (kind, count).
-    ``spans``: the fake tier's record of the streams it served since the last call."""
+    ``spans``: the fake tier's record of the streams it served since the last call.
+    ``cpu``: CPU seconds used so far by each process of interest, by name, read before
+    and after each batch's streams (the conversations are made before)."""
     stats: dict[tuple[str, int], BatchStats] = {}
     warm = stream_direct(tier, body_direct)  # warm-up
     if warm.error:
@@ -737,13 +748,17 @@ def measure_throughput(
                 if kind == "app":
                     conversations = [new_conversation(app) for _ in range(count)]
                     body = app_body(question, max_tokens)
+                    before = cpu() if cpu is not None else {}
                     streams = concurrent_streams(
                         count, lambda i, c=conversations, b=body: stream_app(app, c[i], b)
                     )
                     app_stats.add(streams)
                 else:
+                    before = cpu() if cpu is not None else {}
                     streams = concurrent_streams(count, lambda i: stream_direct(tier, body_direct))
                     tier_stats.add(streams)
+                if cpu is not None:
+                    stats[(kind, count)].add_cpu(before, cpu(), count)
                 if spans is not None:
                     stats[(kind, count)].add_spans(spans())
     return stats

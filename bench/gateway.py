@@ -36,7 +36,11 @@ What is measured (every part in both configurations; one line per target,
        stream, slower still beside the app (both share the machine's cores), so the
        ratio weighed the fake's share of the CPU. Beside it, the fake's own rate per
        stream in the same batches (its spans: tokens / (``[DONE]`` - first token), timed
-       at the fake, median), serving the app and serving the client directly.
+       at the fake, median), serving the app and serving the client directly. And the
+       CPU each process spent per answer in the same batches (all its threads, from
+       ``/proc/<pid>/task/*/schedstat``; this client: ``time.process_time``): the app's is
+       what the two sides' difference costs, on cores it shares with the fake and the
+       client.
     4. ``--streams`` (1,000) native SSE streams at once into one uvicorn worker, opened
        together from one ``httpx.AsyncClient``, against a slow fake tier (one token a
        second, ``--slow-tokens`` (60) per answer), and the same streams straight to the
@@ -251,6 +255,7 @@ class Stack:
     key: str
     tokenizer: Any
     app_service: Service
+    tier_service: Service
     app_url: str
     tier_url: str
     app: httpx.Client
@@ -406,6 +411,11 @@ def part_throughput(stack: Stack, part: Part) -> None:
         concurrency=counts,
         reps=stack.args.reps,
         spans=stack.tier_spans,
+        cpu=lambda: {
+            "app": cpu_seconds(stack.app_service.process.pid),
+            "fake": cpu_seconds(stack.tier_service.process.pid),
+            "client": time.process_time(),
+        },
     )
     for count in counts:
         app_rate = median(stats[("app", count)].aggregate)
@@ -431,6 +441,14 @@ def part_throughput(stack: Stack, part: Part) -> None:
             + "; the fake's own tokens/s per stream (p50, nominal 1000) serving the app "
             f"{median(stats[('app', count)].source):.0f}, the direct client "
             f"{median(stats[('tier', count)].source):.0f}"
+        )
+        app_cpu, tier_cpu = stats[("app", count)].cpu_ms, stats[("tier", count)].cpu_ms
+        part.notes.append(
+            f"{count} streams: CPU per answer (ms, median of batches): the app "
+            f"{median(app_cpu['app']):.1f}; the fake {median(app_cpu['fake']):.1f} serving the "
+            f"app, {median(tier_cpu['fake']):.1f} the client; this client "
+            f"{median(app_cpu['client']):.1f} from the app, {median(tier_cpu['client']):.1f} "
+            "from the fake"
         )
 
 
@@ -485,6 +503,16 @@ async def open_streams(
         base_url=base_url, headers=headers, limits=limits, timeout=timeout
     ) as client:
         return await asyncio.gather(*(timed_stream(client, p, b) for p, b in requests))
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time a process has used, all its threads (``/proc/<pid>/task/*/schedstat``:
+    nanoseconds on the CPU, not the 10 ms ticks of ``/proc/<pid>/stat``)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+            total += int((task / "schedstat").read_text().split()[0])
+    return total / 1e9
 
 
 def vm_rss_kib(pid: int) -> int:
@@ -707,6 +735,7 @@ def child(args: argparse.Namespace) -> int:
             key=key,
             tokenizer=GGUFTokenizer(),
             app_service=services.started[-1],
+            tier_service=fake,
             app_url=app_url,
             tier_url=tier_url,
             app=cleanup.enter_context(app_client(app_url, key)),
