@@ -491,10 +491,16 @@ def quota_used(*, key: QuotaKey, now: datetime | None = None) -> int:
 
 def budget_extend(*, reservation: Reservation, tokens: int, now: datetime | None = None) -> None:
     """Hold ``tokens`` more on an open reservation, against the same buckets and quota
-    counters, all or nothing; raise 429 (the reservation unchanged) if they do not fit."""
+    counters, all or nothing; raise 429 (the reservation unchanged) if they do not fit.
+
+    A reservation past its expiry cannot grow: its holder is presumed gone, and Redis has
+    already dropped its hold, so an extension checked against what is left would let its
+    settlement charge the whole reservation past the quota."""
     if tokens <= 0:
         return
     now = now or timezone.now()
+    if reservation.expires_at <= now:
+        raise InvalidRequest("the reservation has expired")
     if reservation.store == Reservation.Store.REDIS:
         _extend_remote(reservation, tokens, now)
         return

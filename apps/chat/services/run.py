@@ -603,7 +603,7 @@ def _messages_create(prepared: PreparedAnswer, keys: _Keys) -> None:
         model=prepared.spec.alias,
         served_model=prepared.spec.served_name,
     )
-    Message.objects.bulk_create([question, answer])  # created_at set in order
+    Message.objects.bulk_create([question, answer])  # created_at in this order, one insert
     Conversation.objects.filter(pk=conversation.pk).update(updated_at=answer.created_at)
 
 

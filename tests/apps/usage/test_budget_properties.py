@@ -35,6 +35,7 @@ from hypothesis.stateful import (
 
 from apps.accounts.models import Team
 from apps.accounts.services import team_create
+from apps.core.exceptions import InvalidRequest
 from apps.usage.budgets import (
     RateLimited,
     budget_extend,
@@ -199,6 +200,11 @@ class BudgetMachine(RuleBasedStateMachine):
         nothing."""
         held = data.draw(st.sampled_from(self.open()), label="open")
         before = self.snapshot()
+        if held.reservation.expires_at <= self.now:  # its holder is presumed gone
+            with pytest.raises(InvalidRequest, match="expired"):
+                budget_extend(reservation=held.reservation, tokens=tokens, now=self.now)
+            assert self.snapshot() == before, "an expired reservation grew"
+            return
         try:
             budget_extend(reservation=held.reservation, tokens=tokens, now=self.now)
         except RateLimited as refused:

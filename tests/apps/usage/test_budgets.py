@@ -174,6 +174,24 @@ def test_extend_is_all_or_nothing_and_settles_as_one(
 
 
 @pytest.mark.django_db
+def test_an_expired_reservation_cannot_grow_past_the_quota(
+    team: Team, limiter_store: str, committed: Callable[[], Any]
+) -> None:
+    # Found by the budget state machine on Redis: past its expiry a reservation's hold is
+    # gone there, so an extension fitted what was left, and settling the whole
+    # reservation then charged the day past its quota (5110 of 5000).
+    limit = Limit.objects.create(team=team, daily_tokens=5000)
+    reservation = budget_reserve(team=team, api_key=None, tokens=2500, now=T0)
+    later = reservation.expires_at + timedelta(minutes=1)
+    with pytest.raises(InvalidRequest, match="expired"):
+        budget_extend(reservation=reservation, tokens=2600, now=later)
+    assert Reservation.objects.get().tokens == reservation.tokens == 2500
+    with committed():
+        budget_settle(reservation=reservation, actual=2500, now=later)
+    assert counted(limit) == 2500
+
+
+@pytest.mark.django_db
 def test_expired_reservations_are_released(
     team: Team, limiter_store: str, committed: Callable[[], Any]
 ) -> None:
