@@ -70,6 +70,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import gc
 import json
 import os
@@ -741,22 +742,19 @@ def measure_throughput(
     if spans is not None:
         spans()  # not the warm-up's
     for count in concurrency:
-        app_stats = stats.setdefault(("app", count), BatchStats())
-        tier_stats = stats.setdefault(("tier", count), BatchStats())
+        stats[("app", count)], stats[("tier", count)] = BatchStats(), BatchStats()
         for rep in range(reps):
             for kind in ("app", "tier") if rep % 2 == 0 else ("tier", "app"):
-                if kind == "app":
-                    conversations = [new_conversation(app) for _ in range(count)]
+                calls: list[Callable[[], Stream]]
+                if kind == "app":  # the conversations are made before the clock starts
                     body = app_body(question, max_tokens)
-                    before = cpu() if cpu is not None else {}
-                    streams = concurrent_streams(
-                        count, lambda i, c=conversations, b=body: stream_app(app, c[i], b)
-                    )
-                    app_stats.add(streams)
+                    conversations = [new_conversation(app) for _ in range(count)]
+                    calls = [functools.partial(stream_app, app, c, body) for c in conversations]
                 else:
-                    before = cpu() if cpu is not None else {}
-                    streams = concurrent_streams(count, lambda i: stream_direct(tier, body_direct))
-                    tier_stats.add(streams)
+                    calls = [functools.partial(stream_direct, tier, body_direct)] * count
+                before = cpu() if cpu is not None else {}
+                streams = concurrent_streams(count, lambda i, calls=calls: calls[i]())
+                stats[(kind, count)].add(streams)
                 if cpu is not None:
                     stats[(kind, count)].add_cpu(before, cpu(), count)
                 if spans is not None:

@@ -209,8 +209,6 @@ class AnswerRun:
         self.queued = lease.waited
         self.failover = failover
         self.keys = keys
-        self.message_id = keys.message_id
-        self.conversation_id = keys.conversation_id
         self.rows: asyncio.Future[None] | None = None
         self._rows_due: asyncio.TimerHandle | None = None
         self.generation = _Generation()
@@ -227,6 +225,14 @@ class AnswerRun:
             assert cached is not None  # noqa: S101 - answer_start passes one or the other
             events = _replayed(cached)
         self.upstream = _Prefetched(events)
+
+    @property
+    def message_id(self) -> int:
+        return self.keys.message_id
+
+    @property
+    def conversation_id(self) -> int:
+        return self.keys.conversation_id
 
     async def _switch(self, target: Target) -> None:
         """Fallback: this run's slot moves to ``target``'s upstream."""
