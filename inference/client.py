@@ -48,7 +48,7 @@ from inference.errors import (
 )
 from inference.reasoning import ThinkSplitter
 from inference.tokenizers import ChatMessage
-from inference.transport import AiohttpTransport
+from inference.transport import READ_ON_DEMAND, AiohttpTransport
 
 logger = logging.getLogger(__name__)
 
@@ -201,7 +201,8 @@ class OpenAIClient:
             *self._http.headers.multi_items(),
             ("Content-Type", "application/json"),
         ]
-        self._chat_extensions = {"timeout": self._http.timeout.as_dict()}
+        # Read on demand: the stream is read when _attempt asks, each read timed there.
+        self._chat_extensions = {"timeout": self._http.timeout.as_dict(), READ_ON_DEMAND: True}
 
     async def aclose(self) -> None:
         await self._http.aclose()

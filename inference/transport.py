@@ -28,6 +28,9 @@ from typing import Any
 import aiohttp
 import httpx
 
+READ_ON_DEMAND = "ragtier.read_on_demand"
+"""A request extension: its body is read only when its consumer asks (see ``_Body``)."""
+
 # Most specific first: the first class that matches names what happened.
 _ERRORS: tuple[tuple[type[Exception], type[httpx.TransportError]], ...] = (
     (aiohttp.ConnectionTimeoutError, httpx.ConnectTimeout),
@@ -128,16 +131,32 @@ async def _closed_with_loop(session: aiohttp.ClientSession) -> AsyncGenerator[No
 class _Body(httpx.AsyncByteStream):
     """A response body: each step yields every byte that has arrived (waiting only when
     none has). Closed before its end, the connection is closed, which is how a tier learns
-    that nobody reads the answer any more; read to its end, it goes back to the pool."""
+    that nobody reads the answer any more; read to its end, it goes back to the pool.
+
+    A request with the extension ``READ_ON_DEMAND`` is read only when its consumer asks:
+    between a chunk and the next request for one, what arrives stays in the socket, so a
+    consumer that holds its reads (the client's ``read_interval``) gets the tokens that
+    came meanwhile in one read of the socket, not in a wake-up, a parse and a timer reset
+    per token (a client's CPU per streamed answer: 10.6-11.5 -> 7.9-9.3 ms at 8 streams).
+    Such a consumer times its reads itself: aiohttp's read timeout, which would count the
+    consumer's own time as the tier's silence, ends at the headers."""
 
     def __init__(self, response: aiohttp.ClientResponse, request: httpx.Request) -> None:
         self._response = response
         self._request = request
+        connection = response.connection
+        on_demand = request.extensions.get(READ_ON_DEMAND) and connection is not None
+        self._socket = connection.transport if on_demand and connection else None
+        if on_demand and connection is not None and connection.protocol is not None:
+            connection.protocol.read_timeout = None
+            connection.protocol.start_timeout()  # with none set: the running one stops
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        content = self._response.content
+        content, socket = self._response.content, self._socket
         with _as_httpx_errors(self._request):
             while True:
+                if socket is not None:
+                    socket.resume_reading()
                 try:
                     chunk = await content.readany()
                 except aiohttp.ClientError:
@@ -146,6 +165,8 @@ class _Body(httpx.AsyncByteStream):
                     raise
                 if not chunk:
                     return
+                if socket is not None and not content.at_eof() and not socket.is_closing():
+                    socket.pause_reading()  # never at the end: the connection is reused
                 yield chunk
 
     async def aclose(self) -> None:

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
+import ssl
 
 import httpx
 import pytest
 
 from inference.client import ChatRequest, OpenAIClient, Retry, TextDelta, Timeouts
 from inference.errors import InferenceTimeout, InferenceUnavailable
+from inference.transport import READ_ON_DEMAND, AiohttpTransport
 from tests.fake_upstream import Script, fake_upstream
 
 REQUEST = ChatRequest(model="small", messages=[{"role": "user", "content": "hi"}], max_tokens=12)
@@ -67,3 +70,52 @@ async def test_headers_body_and_status_of_a_plain_request_come_through() -> None
     assert (response.status_code, response.headers["retry-after"]) == (429, "7")
     assert response.json()["error"]["message"] == "busy"
     assert tier.requests[-1]["messages"] == [{"role": "user", "content": "hi"}]
+
+
+async def received_while_held(*, on_demand: bool) -> tuple[int, bytes]:
+    """Bytes the transport took from the socket while the body's consumer held between its
+    first read and the next, and the rest of the body."""
+    with fake_upstream() as tier:
+        tier.script = Script(tokens=list("abcdefgh"), delay=0.01)
+        transport = AiohttpTransport(ssl_context=ssl.create_default_context())
+        extensions = {READ_ON_DEMAND: True} if on_demand else {}
+        request = httpx.Request(
+            "POST",
+            f"{tier.base_url}/chat/completions",
+            json={**REQUEST.body(), "stream": True},
+            extensions=extensions,
+        )
+        try:
+            response = await transport.handle_async_request(request)
+            body = response.stream
+            reads = aiter(body)
+            await anext(reads)
+            content = body._response.content  # type: ignore[attr-defined]
+            before = content.total_bytes
+            await asyncio.sleep(0.3)  # the tier sends every other token meanwhile
+            held = content.total_bytes - before
+            rest = b"".join([chunk async for chunk in reads])
+        finally:
+            await transport.aclose()
+    return held, rest
+
+
+async def test_a_body_read_on_demand_stays_in_the_socket_while_its_consumer_holds() -> None:
+    held, rest = await received_while_held(on_demand=True)
+    assert held == 0
+    assert rest.count(b"data:") >= 7 and rest.rstrip().endswith(b"data: [DONE]")
+    held, _ = await received_while_held(on_demand=False)  # the control: read as it comes
+    assert held > 0
+
+
+async def test_a_consumer_holding_longer_than_the_idle_limit_is_not_the_tier_going_quiet() -> None:
+    """Read on demand, nothing is read while the client holds (its ``read_interval``):
+    the silence it then meets is its own, and the idle limit times the tier's alone."""
+    seen: list[str] = []
+    with fake_upstream() as tier:
+        tier.script = Script(tokens=["a", "b", "c"], delay=0.05)
+        client = OpenAIClient(
+            base_url=tier.base_url, timeouts=Timeouts(idle=0.2), read_interval=0.5
+        )
+        await texts(client, seen)
+    assert "".join(seen) == "abc"
