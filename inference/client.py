@@ -36,6 +36,7 @@ from email.utils import parsedate_to_datetime
 from typing import Any, cast
 
 import httpx
+import orjson
 
 from inference.errors import (
     ContextLengthExceeded,
@@ -267,12 +268,11 @@ class OpenAIClient:
                 await asyncio.sleep(pause)
 
     def _chat_request(self, request: ChatRequest) -> httpx.Request:
-        body = json.dumps(request.body(), ensure_ascii=False, separators=(",", ":"))
         return httpx.Request(
             "POST",
             self._chat_url,
             headers=self._chat_headers,
-            content=body.encode(),
+            content=orjson.dumps(request.body()),  # compact, UTF-8 as is
             extensions=self._chat_extensions,
         )
 
@@ -425,18 +425,13 @@ def _data(line: str) -> str | None:
     return line[5:].strip()
 
 
-_DECODER = json.JSONDecoder()
-
-
 def _json(payload: str) -> dict[str, Any]:
-    # ``raw_decode``: ``json.loads`` without its wrapping (half its time on a token's chunk);
-    # the payload is stripped, so what follows the value is the only thing left to check.
+    # orjson: a token's chunk parsed in under half of ``json``'s time; strict as the JSON
+    # spec is (no NaN, no trailing data, no lone surrogate).
     try:
-        value, end = _DECODER.raw_decode(payload)
-    except json.JSONDecodeError as exc:
+        value = orjson.loads(payload)
+    except orjson.JSONDecodeError as exc:
         raise UpstreamProtocolError(f"malformed JSON in the stream: {payload[:200]!r}") from exc
-    if end != len(payload):
-        raise UpstreamProtocolError(f"malformed JSON in the stream: {payload[:200]!r}")
     if not isinstance(value, dict):
         raise UpstreamProtocolError("a stream chunk is not a JSON object")
     return value

@@ -115,7 +115,7 @@ def test_non_streaming_and_openai_surfaces_hit_too(
     assert completion["usage"]["completion_tokens"] == 0
     with http.stream("POST", "/v1/chat/completions", json={**chat, "stream": True}) as response:
         streamed = response.read().decode()
-    assert '"content": "Hello' in streamed and streamed.rstrip().endswith("data: [DONE]")
+    assert '"content":"Hello' in streamed and streamed.rstrip().endswith("data: [DONE]")
     assert len(upstream.requests) == 1
 
 

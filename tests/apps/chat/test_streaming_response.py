@@ -28,5 +28,5 @@ async def test_sse_response_is_async(upstream: FakeUpstream, issued_key: IssuedK
     assert response.status_code == 200
     assert response.streaming and response.is_async
     body = b"".join([chunk async for chunk in response.streaming_content])
-    assert body.rstrip().endswith(b'"finish_reason": "stop"}')
+    assert body.rstrip().endswith(b'"finish_reason":"stop"}')
     assert b"event: done" in body
