@@ -4,8 +4,9 @@ Reserving and settling on the database store run a handful of one-row statements
 on SQLite every one of them runs under the one writer (:mod:`apps.core.group_commit`),
 so their cost is what 32 requests at once queue on. Built by the ORM, each statement
 cost 100-150 µs of Python here against under 10 µs for SQLite to run it. Here each is a
-string made once per process, and every value is prepared by its model field
-(``get_db_prep_value``), so SQLite and PostgreSQL get what the ORM would send them.
+string made once per process, run on the driver's cursor (see :func:`_run`), and every
+value is prepared by its model field (``get_db_prep_value``), so SQLite and PostgreSQL get
+what the ORM would send them.
 Portable SQL only: ``CASE`` for the clamps (SQLite has no ``GREATEST``), ``RETURNING``
 (PostgreSQL, SQLite 3.35+). What happens once per limit or period (a counter's first
 row) stays with the ORM, in :mod:`apps.usage.budgets` and :mod:`apps.usage.limiters`.
@@ -38,15 +39,16 @@ def _prep(db: BaseDatabaseWrapper, model: type[models.Model], name: str, value: 
 
 
 @functools.cache
-def _sql(vendor: str) -> dict[str, str]:
-    """Every statement, for one database vendor (names quoted its way)."""
+def _sql(vendor: str, mark: str) -> dict[str, str]:
+    """Every statement, for one database vendor (names quoted its way), with ``mark`` for
+    placeholder."""
     connection = _db()
     quote = connection.ops.quote_name
     counter, bucket = quote(QuotaCounter._meta.db_table), quote(TokenBucket._meta.db_table)
     streams, reservation = quote(StreamCounter._meta.db_table), quote(Reservation._meta.db_table)
     fields = _reservation_fields()
     lock = " FOR UPDATE" if connection.features.has_select_for_update else ""
-    return {
+    statements = {
         "charge": f"UPDATE {counter} SET used = used + %s WHERE id = %s AND used <= %s",
         "charge_key": (
             f"UPDATE {counter} SET used = used + %s WHERE id = %s AND used <= %s "
@@ -85,18 +87,34 @@ def _sql(vendor: str) -> dict[str, str]:
             "RETURNING tokens"
         ),
     }
+    return {name: sql.replace("%s", mark) for name, sql in statements.items()}
 
 
 def _run(db: BaseDatabaseWrapper, name: str, params: Sequence[Any], *, ids: int = 0) -> Any:
-    """Run statement ``name``; the cursor's rows, or how many it changed."""
-    sql = _sql(db.vendor)[name]
+    """Run statement ``name``; the cursor's rows, or how many it changed.
+
+    On the driver's own cursor, inside the ORM's transaction: Django's cursor wrapper (its
+    thread, async and debug checks, and SQLite's placeholder rewrite, per statement) cost
+    about half of a reserve or a settle on SQLite, nine statements between them (serial:
+    reserve 0.30 -> 0.22 ms, settle 0.15 -> 0.10). Failures are still the ORM's
+    ``DatabaseError``. Where queries are logged (``DEBUG``, a test counting them), the
+    ORM's cursor runs them, so that they are seen."""
+    logged = db.queries_logged
+    mark = "?" if db.vendor == "sqlite" and not logged else "%s"  # the driver's own, or Django's
+    sql = _sql(db.vendor, mark)[name]
     if ids:
-        sql = sql.replace("{ids}", ", ".join(["%s"] * ids))
-    with db.cursor() as cursor:
-        cursor.execute(sql, params)
-        if cursor.description is not None:
-            return cursor.fetchall()
-        return cursor.rowcount
+        sql = sql.replace("{ids}", ", ".join([mark] * ids))
+    if db.connection is None:  # this thread's first statement
+        db.ensure_connection()
+    with db.wrap_database_errors:
+        cursor = db.cursor() if logged else db.connection.cursor()
+        try:
+            cursor.execute(sql, params)
+            if cursor.description is not None:
+                return cursor.fetchall()
+            return cursor.rowcount
+        finally:
+            cursor.close()
 
 
 # -- quotas
