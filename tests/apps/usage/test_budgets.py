@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from apps.accounts.models import Team
 from apps.accounts.services import IssuedKey, api_key_create
@@ -96,6 +97,29 @@ def test_daily_quota_in_the_team_time_zone_with_refund_on_settle(team: Team) -> 
     with pytest.raises(RateLimited):
         budget_reserve(team=team, api_key=None, tokens=1, now=T0)
     budget_reserve(team=team, api_key=None, tokens=1, now=T0 + timedelta(hours=3))
+
+
+@pytest.mark.django_db
+def test_the_database_store_counts_alike_whether_queries_are_logged_or_not(team: Team) -> None:
+    """Its statements run on the driver's cursor, or on the ORM's where queries are logged
+    (``DEBUG``, a test counting them), so that they are seen there: the same effect."""
+    limit = Limit.objects.create(
+        team=team,
+        daily_tokens=10_000,
+        burst_tokens=5000,
+        tokens_per_minute=600,
+        max_concurrent_streams=4,
+    )
+    quiet = budget_reserve(team=team, api_key=None, tokens=1000, now=T0)
+    with CaptureQueriesContext(connection) as queries:
+        logged = budget_reserve(team=team, api_key=None, tokens=1000, now=T0)
+    counters = QuotaCounter._meta.db_table
+    assert any(counters in query["sql"] for query in queries.captured_queries)
+    assert counted(limit) == 2000 and available(limit, T0) == 3000
+    budget_settle(reservation=quiet, actual=250)
+    with CaptureQueriesContext(connection):
+        budget_settle(reservation=logged, actual=250)
+    assert counted(limit) == 500 and available(limit, T0) == 4500
 
 
 @pytest.mark.django_db
