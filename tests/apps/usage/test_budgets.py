@@ -100,9 +100,12 @@ def test_daily_quota_in_the_team_time_zone_with_refund_on_settle(team: Team) -> 
 
 
 @pytest.mark.django_db
-def test_the_database_store_counts_alike_whether_queries_are_logged_or_not(team: Team) -> None:
+def test_the_database_store_counts_alike_whether_queries_are_logged_or_not(
+    team: Team, settings: Any
+) -> None:
     """Its statements run on the driver's cursor, or on the ORM's where queries are logged
     (``DEBUG``, a test counting them), so that they are seen there: the same effect."""
+    settings.RATE_LIMIT_REDIS_URL = ""  # the database store, even where Redis is configured
     limit = Limit.objects.create(
         team=team,
         daily_tokens=10_000,
