@@ -129,7 +129,7 @@ async def test_ollama_stream_with_its_usage_chunk() -> None:
 async def test_ollama_before_0_5_2_sends_no_usage_so_it_is_counted() -> None:
     events = await events_of("ollama-0.5.1/chat_stream.sse")
     assert text(events) == "The sky is blue."
-    assert usage(events) == []  # the app counts it (apps/chat/services/run.py usage_of)
+    assert usage(events) == []  # the app counts it (apps/chat/services/settle.py usage_of)
     assert events[-1] == Finished("stop")
 
 

@@ -1,8 +1,10 @@
 """Writes for the chat app, one module per concern, re-exported here.
 
 An answer is prepared (:mod:`.prepare`: admission, retrieval, the prompt), run
-(:mod:`.run`: a slot at the tier, the stream of typed events from :mod:`.types`, settled
-once) and, for the non-streaming surfaces, collected (:mod:`.collect`).
+(:mod:`.run`: a slot at the tier, the stream of typed events from :mod:`.types`, its
+events journalled for replay by :mod:`.journal`), settled once (:mod:`.settle`: its
+messages, usage block and ledger row) and, for the non-streaming surfaces, collected
+(:mod:`.collect`).
 """
 
 from apps.chat.services.collect import CollectedAnswer, answer_collect

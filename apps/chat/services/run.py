@@ -14,8 +14,8 @@ token is out, or while the tier prefills (``ROWS_AFTER_SECONDS``), whichever com
 
 :class:`AnswerRun` is the ``async with`` block around it: however the block ends (done,
 error, the client gone), the reservation is settled exactly once, the usage row and the
-message are written in one transaction, the events are journalled for replay, and the
-tier slot is released.
+message are written in one transaction (:mod:`.settle`), the events are journalled for
+replay (:mod:`.journal`), and the tier slot is released.
 """
 
 from __future__ import annotations
@@ -24,17 +24,15 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Coroutine
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from types import TracebackType
 from typing import Any, TypeVar
 
 from django.db import DatabaseError
-from redis.exceptions import RedisError
 
-from apps.chat.events import Events, event_store
-from apps.chat.models import Conversation, Message
+from apps.chat.models import Message
 from apps.chat.services.cache import CachedAnswer, cached_answer_get, cached_answer_put
-from apps.chat.services.conversations import conversation_create
+from apps.chat.services.journal import Journal
 from apps.chat.services.models import (
     Slot,
     affinity_key,
@@ -45,6 +43,15 @@ from apps.chat.services.models import (
     slot_acquire,
 )
 from apps.chat.services.prepare import PreparedAnswer
+from apps.chat.services.settle import (
+    AnswerKeys,
+    Ending,
+    Generation,
+    messages_create,
+    settlement_write,
+    usage_observe,
+    usage_of,
+)
 from apps.chat.services.types import (
     AnswerEvent,
     Delta,
@@ -63,11 +70,8 @@ from apps.core.exceptions import (
     mid_stream_error,
 )
 from apps.core.group_commit import budget_writer
-from apps.core.ids import key_next
 from apps.usage import metrics
-from apps.usage.budgets import budget_settle, reservation_record
-from apps.usage.models import UsageRecord
-from apps.usage.services import usage_record_chat
+from apps.usage.budgets import budget_settle
 from apps.usage.values import Usage
 from inference import (
     Event,
@@ -84,7 +88,6 @@ from inference import (
 
 logger = logging.getLogger(__name__)
 
-FLUSH_EVERY_SECONDS = 0.25
 SETTLE_ATTEMPTS = 8
 CANCEL_POLL_SECONDS = 0.25
 ROWS_AFTER_SECONDS = 0.005
@@ -111,7 +114,7 @@ async def answer_start(prepared: PreparedAnswer) -> AnswerRun:
         cached = None
         if prepared.cache_key is not None:
             cached = await cached_answer_get(team=prepared.caller.team, key=prepared.cache_key)
-        keys = await _Keys.take(prepared)
+        keys = await AnswerKeys.take(prepared)
         failover: Failover | None = None
         if cached is not None:
             lease: Slot | _Unqueued = _Unqueued()
@@ -145,7 +148,7 @@ class _Unqueued:
         pass
 
 
-def _failover(prepared: PreparedAnswer, keys: _Keys) -> Failover:
+def _failover(prepared: PreparedAnswer, keys: AnswerKeys) -> Failover:
     affinity = affinity_key(conversation_id=keys.conversation_id, opening=prepared.opening)
     targets = route_targets(spec=prepared.spec, request=prepared.request, affinity=affinity)
     return Failover(targets, breaker=breaker(), client=_client)
@@ -153,41 +156,6 @@ def _failover(prepared: PreparedAnswer, keys: _Keys) -> Failover:
 
 def _client(target: Target) -> OpenAIClient:
     return inference_client(target.upstream, api_key=target.api_key)
-
-
-@dataclass(frozen=True)
-class _Keys:
-    """The primary keys of the answer's rows, known before they are written."""
-
-    message_id: int
-    conversation_id: int
-    question_id: int
-    """The user's message (0 for an answer not stored); below ``message_id``."""
-
-    @classmethod
-    async def take(cls, prepared: PreparedAnswer) -> _Keys:
-        conversation = prepared.conversation
-        if conversation is not None:
-            conversation_id = conversation.pk
-        else:  # a new one, unless nothing is stored (0: none)
-            conversation_id = await key_next(Conversation) if prepared.store else 0
-        question_id = await key_next(Message) if prepared.store else 0
-        return cls(
-            message_id=await key_next(Message),
-            conversation_id=conversation_id,
-            question_id=question_id,
-        )
-
-
-@dataclass
-class _Generation:
-    text: list[str] = field(default_factory=list)
-    reasoning: list[str] = field(default_factory=list)
-    upstream: UpstreamUsage | None = None
-    finish_reason: str | None = None
-    started: float = field(default_factory=time.monotonic)
-    first_token: float | None = None
-    last_token: float | None = None
 
 
 class AnswerRun:
@@ -198,7 +166,7 @@ class AnswerRun:
         prepared: PreparedAnswer,
         *,
         lease: Slot | _Unqueued,
-        keys: _Keys,
+        keys: AnswerKeys,
         failover: Failover | None,
         cached: CachedAnswer | None = None,
     ) -> None:
@@ -211,11 +179,11 @@ class AnswerRun:
         self.keys = keys
         self.rows: asyncio.Future[None] | None = None
         self._rows_due: asyncio.TimerHandle | None = None
-        self.generation = _Generation()
+        self.generation = Generation()
         self.status = Message.Status.COMPLETE
         self.error: ApplicationError | None = None
         self.usage: Usage | None = None
-        self.journal = _Journal(keep=prepared.store)
+        self.journal = Journal(keep=prepared.store)
         self.entered = False
         self._cancelled: asyncio.Event | None = None
         events: AsyncIterator[Event]
@@ -286,7 +254,7 @@ class AnswerRun:
             return
         self._rows_due.cancel()
         self._rows_due = None
-        write = db_call(budget_writer.run)(_messages_create, self.prepared, self.keys)
+        write = db_call(budget_writer.run)(messages_create, self.prepared, self.keys)
         self.rows = asyncio.ensure_future(write)
         self.rows.add_done_callback(self._rows_written)
 
@@ -301,11 +269,12 @@ class AnswerRun:
         once only (a second call returns the first usage). If the database fails, the
         write is retried in the background: the stream still ends with its usage."""
         if self.usage is None:
-            self.usage = usage_of(
+            served, generation = self.served, self.generation
+            usage = self.usage = usage_of(
                 self.prepared,
-                self.generation,
+                generation,
                 queued=self.queued,
-                served=self.served,
+                served=served,
                 cache_hit=self.cached is not None,
             )
             if self._rows_due is not None:  # not begun: written with the settlement
@@ -313,12 +282,22 @@ class AnswerRun:
                 self._rows_due = None
             if self.rows is not None:
                 await asyncio.wait({self.rows})
-            _observe(self.usage, self.status, self.error)
+            usage_observe(usage, self.status, self.error)
+            ending = Ending(
+                status=self.status,
+                usage=usage,
+                text="".join(generation.text),
+                reasoning="".join(generation.reasoning),
+                finish_reason=generation.finish_reason or "stop",
+                served=served,
+                upstream=self.failover.target.upstream if self.failover is not None else "",
+                error=self.error,
+            )
             try:
-                await self._save()
+                await self._save(ending)
             except DatabaseError as exc:
                 logger.warning("message %s: not settled yet: %r", self.message_id, exc)
-                _in_background(self._save_later())
+                _in_background(self._save_later(ending))
             await self._cache()
         return self.usage
 
@@ -341,17 +320,19 @@ class AnswerRun:
         )
         await cached_answer_put(team=prepared.caller.team, key=prepared.cache_key, answer=answer)
 
-    async def _save(self) -> None:
-        written = self.rows is not None and self._rows_ok()
-        await db_call(budget_writer.run)(_save, self, rows_written=written)
+    async def _save(self, ending: Ending) -> None:
+        write = db_call(budget_writer.run)
+        await write(
+            settlement_write, self.prepared, self.keys, ending, rows_written=self._rows_ok()
+        )
         self.journal.message_id = self.message_id
 
-    async def _save_later(self) -> None:
+    async def _save_later(self, ending: Ending) -> None:
         """Until the database is back (or the reservation's expiry settles it instead)."""
         for attempt in range(SETTLE_ATTEMPTS):
             await asyncio.sleep(min(2**attempt, 30))
             try:
-                await self._save()
+                await self._save(ending)
             except DatabaseError as exc:
                 logger.warning(
                     "message %s: settling, attempt %d: %r", self.message_id, attempt, exc
@@ -517,153 +498,6 @@ async def _replayed(cached: CachedAnswer) -> AsyncIterator[Event]:
     yield Finished(cached.finish_reason)
 
 
-def usage_of(
-    prepared: PreparedAnswer,
-    generation: _Generation,
-    *,
-    queued: float,
-    served: ModelEntry,
-    cache_hit: bool = False,
-) -> Usage:
-    """The usage block: the tier's own when it sent one, else the exact local count, with
-    the tokenizer of the alias that served (a fallback alias counts its own prompt); for a
-    cache hit, no token (nothing was generated: only the query's embedding, charged by the
-    search, was spent)."""
-    counter = served.tokenizer.load()
-    count = counter.count
-    reasoning_text = "".join(generation.reasoning)
-    upstream = generation.upstream
-    if cache_hit:
-        prompt_tokens = cached_tokens = completion_tokens = reasoning_tokens = 0
-    elif upstream is not None:
-        prompt_tokens, completion_tokens = upstream.prompt_tokens, upstream.completion_tokens
-        cached_tokens = upstream.cached_tokens
-        if upstream.reasoning_tokens is not None:
-            reasoning_tokens = upstream.reasoning_tokens
-        else:
-            reasoning_tokens = (
-                min(count(reasoning_text), completion_tokens) if reasoning_text else 0
-            )
-    else:
-        prompt_tokens, cached_tokens = prepared.prompt.prompt_tokens, 0
-        if served.tokenizer != prepared.spec.entry.tokenizer:
-            prompt_tokens = counter.count_chat(prepared.prompt.messages)
-        reasoning_tokens = count(reasoning_text) if reasoning_text else 0
-        answer = "".join(generation.text)
-        completion_tokens = reasoning_tokens + (count(answer) if answer else 0)
-    now = time.monotonic()
-    first = generation.first_token
-    decode = now - (first or now)
-    return Usage(
-        prompt_tokens=prompt_tokens,
-        cached_tokens=cached_tokens,
-        completion_tokens=completion_tokens,
-        reasoning_tokens=reasoning_tokens,
-        ttft_ms=round((first - generation.started) * 1000) if first is not None else None,
-        duration_ms=round((now - generation.started) * 1000),
-        tokens_per_second=round(completion_tokens / decode, 2)
-        if decode > 0 and not cache_hit
-        else None,
-        queue_ms=round(queued * 1000),
-        model=served.alias,
-        source="upstream" if upstream is not None else "counted",
-        cache_hit=cache_hit,
-    )
-
-
-def _observe(usage: Usage, status: str, error: ApplicationError | None) -> None:
-    model = usage.model
-    if usage.ttft_ms is not None and not usage.cache_hit:  # a replay's TTFT is the cache's
-        metrics.TTFT.labels(model).observe(usage.ttft_ms / 1000)
-    if usage.tokens_per_second is not None:
-        metrics.OUTPUT_TOKENS_PER_SECOND.labels(model).observe(usage.tokens_per_second)
-    metrics.TOKENS.labels("chat", model, "input").inc(usage.prompt_tokens)
-    metrics.TOKENS.labels("chat", model, "output").inc(usage.completion_tokens)
-    if status == Message.Status.FAILED and error is not None:
-        metrics.UPSTREAM_ERRORS.labels(error.code).inc()
-
-
-def _messages_create(prepared: PreparedAnswer, keys: _Keys) -> None:
-    """The question and the (streaming) answer, in one insert, with their keys taken
-    ahead. Called through the one writer: all or nothing."""
-    caller, team = prepared.caller, prepared.caller.team
-    if prepared.reservation is not None:
-        reservation_record(reservation=prepared.reservation)
-    conversation = prepared.conversation
-    if conversation is None:
-        conversation = conversation_create(caller=caller, title="openai", key=keys.conversation_id)
-    question = Message(
-        pk=keys.question_id,
-        conversation=conversation,
-        team=team,
-        role=Message.Role.USER,
-        content=prepared.question,
-    )
-    answer = Message(
-        pk=keys.message_id,
-        conversation=conversation,
-        team=team,
-        role=Message.Role.ASSISTANT,
-        status=Message.Status.STREAMING,
-        citations=prepared.citations,
-        model=prepared.spec.alias,
-        served_model=prepared.spec.served_name,
-    )
-    Message.objects.bulk_create([question, answer])  # created_at in this order, one insert
-    Conversation.objects.filter(pk=conversation.pk).update(updated_at=answer.created_at)
-
-
-LEDGER_STATUS = {
-    Message.Status.COMPLETE: UsageRecord.Status.OK,
-    Message.Status.FAILED: UsageRecord.Status.ERROR,
-    Message.Status.CANCELLED: UsageRecord.Status.CANCELLED,
-}
-
-
-def _save(run: AnswerRun, *, rows_written: bool) -> None:
-    """The settled reservation, the ledger row and the message, together (in one
-    transaction, shared with other answers': :mod:`apps.core.group_commit`). A run whose
-    rows were not written (the client left at once, the database failed) writes them."""
-    prepared, generation, usage = run.prepared, run.generation, run.usage
-    assert usage is not None  # noqa: S101 - settle computes it first
-    message_id = run.message_id
-    stored = prepared.store
-    if stored and not rows_written and not Message.objects.filter(pk=message_id).exists():
-        _messages_create(prepared, run.keys)
-    caller = prepared.caller
-    if prepared.reservation is not None:
-        budget_settle(reservation=prepared.reservation, actual=usage.total_tokens)
-    error = Failed(error=run.error).data() if run.error is not None else None
-    served = run.served
-    usage_record_chat(
-        team=caller.team,
-        api_key=caller.api_key,
-        user=caller.user,
-        model=served.alias,
-        requested_model=prepared.requested or prepared.spec.alias,
-        upstream=run.failover.target.upstream if run.failover is not None else "",
-        price=served.price,
-        energy=served.energy,
-        usage=usage,
-        status=LEDGER_STATUS[run.status],
-        error_code=run.error.code if run.error else "",
-        object_id=str(message_id),
-    )
-    if not stored:
-        return  # the ledger row only: tokens and cost, no content
-    Message.objects.filter(pk=message_id).update(
-        content="".join(generation.text),
-        reasoning="".join(generation.reasoning),
-        status=run.status,
-        error=error,
-        finish_reason=generation.finish_reason or "stop",
-        usage_source=usage.source,
-        model=served.alias,
-        served_model=served.model,
-        **usage.columns(),
-    )
-
-
 class _CancelWatch:
     """Cancel requests for every answer this process streams, read in one query every
     ``CANCEL_POLL_SECONDS`` (not one query per answer per flush: a thousand open streams
@@ -703,105 +537,3 @@ def _cancel_watch() -> _CancelWatch:
 def _cancel_requested_among(message_ids: list[int]) -> list[int]:
     asked = Message.objects.filter(pk__in=message_ids, cancel_requested=True)
     return list(asked.values_list("pk", flat=True))
-
-
-class _Journal:
-    """Numbers events and has them written to the event store in small batches (or only
-    numbers them, for an answer that is not to be stored: ``keep=False``)."""
-
-    def __init__(self, *, keep: bool = True) -> None:
-        self.keep = keep
-        self.message_id = 0
-        self.seq = 0
-        self.pending: list[AnswerEvent] = []
-        self.writing: asyncio.Future[None] | None = None
-        """The group write holding this journal's earlier events, while it is under way."""
-        self.writer = _journal_writer() if keep else None
-        self.store = event_store()
-        self.closed = False
-
-    def add(self, event: E) -> E:
-        self.seq += 1
-        numbered = replace(event, id=self.seq)
-        if self.writer is not None:
-            self.pending.append(numbered)  # rendered at flush, off the per-token path
-            self.writer.mark(self)
-        return numbered
-
-    def take(self) -> Events:
-        pending, self.pending = self.pending, []
-        return [(e.id, e.name, e.data()) for e in pending]
-
-    async def flush(self) -> None:
-        """Write what is pending, now, after any group write holding earlier events (a
-        Redis list keeps the order of writes). The journal serves replay only: a store
-        that fails (Redis or the database busy or down) never fails the answer itself; the
-        events stay pending and the next flush tries again."""
-        if self.writing is not None:
-            await asyncio.shield(self.writing)
-        if not (self.pending and self.message_id):
-            return
-        pending = self.pending
-        try:
-            await self.store.append(self.message_id, self.take())
-        except (RedisError, DatabaseError, TimeoutError) as exc:
-            logger.warning("message %s: events not journalled yet: %r", self.message_id, exc)
-            self.pending = pending + self.pending
-
-    async def close(self) -> None:
-        await self.flush()
-        if not self.closed:
-            self.closed = True
-            if self.writer is not None:
-                self.writer.dirty.discard(self)
-            await self.store.aclose()
-
-
-class _JournalWriter:
-    """The pending events of every answer this process streams, written together every
-    ``FLUSH_EVERY_SECONDS``: one insert (or one Redis round trip) for all of them. One
-    write per answer would be a thousand a second for a thousand streams at a token a
-    second, and on SQLite, a thousand commits."""
-
-    def __init__(self) -> None:
-        self.dirty: set[_Journal] = set()
-        self.task: asyncio.Task[None] | None = None
-        self.store = event_store()
-
-    def mark(self, journal: _Journal) -> None:
-        self.dirty.add(journal)
-        if self.task is None or self.task.done():
-            self.task = asyncio.get_running_loop().create_task(self._run())
-
-    async def _run(self) -> None:
-        while self.dirty:
-            await asyncio.sleep(FLUSH_EVERY_SECONDS)
-            await self.write()
-
-    async def write(self) -> None:
-        ready = [j for j in self.dirty if j.message_id and j.pending and j.writing is None]
-        self.dirty.difference_update(j for j in list(self.dirty) if not j.pending)
-        if not ready:
-            return
-        self.dirty.difference_update(ready)
-        pending = {journal: journal.pending for journal in ready}
-        batches = {journal.message_id: journal.take() for journal in ready}
-        written: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        for journal in ready:
-            journal.writing = written
-        try:
-            await self.store.append_many(batches)
-        except Exception as exc:  # the events stay pending; the next round tries again
-            logger.warning("%d answers: events not journalled yet: %r", len(ready), exc)
-            for journal, events in pending.items():
-                journal.pending = events + journal.pending
-                self.dirty.add(journal)
-        finally:
-            for journal in ready:
-                journal.writing = None
-            written.set_result(None)
-
-
-@loop_cached
-def _journal_writer() -> _JournalWriter:
-    return _JournalWriter()

@@ -53,16 +53,16 @@ def test_a_database_down_at_settlement_still_ends_the_stream_and_settles_later(
     upstream: FakeUpstream, http: httpx.Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls = 0
-    original = answer_run._save
+    original = answer_run.settlement_write
 
-    def flaky_save(run: Any, *, rows_written: bool) -> None:
+    def flaky_write(*args: Any, rows_written: bool) -> None:
         nonlocal calls
         calls += 1
         if calls == 1:
             raise OperationalError("server closed the connection unexpectedly")
-        original(run, rows_written=rows_written)
+        original(*args, rows_written=rows_written)
 
-    monkeypatch.setattr(answer_run, "_save", flaky_save)
+    monkeypatch.setattr(answer_run, "settlement_write", flaky_write)
     frames = ask_stream(http, conversation_for(http), content="Hi", top_k=0)
     assert [f["event"] for f in frames][-2:] == ["usage", "done"]
     message_id = frames[0]["data"]["message_id"]

@@ -1,0 +1,228 @@
+"""What an answer leaves behind: its two messages, its usage block and its ledger row.
+
+The question and the (streaming) answer are written once the first token is out
+(:func:`messages_create`), with keys taken ahead (:class:`AnswerKeys`). However the answer
+ends, :func:`usage_of` makes its usage block from what the tier sent (:class:`Generation`),
+:func:`usage_observe` records it in the metrics and :func:`settlement_write` settles the
+reservation, writes the ledger row and completes the message, in one transaction.
+:class:`~apps.chat.services.run.AnswerRun` calls each of them once.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from apps.chat.models import Conversation, Message
+from apps.chat.services.conversations import conversation_create
+from apps.chat.services.prepare import PreparedAnswer
+from apps.chat.services.types import Failed
+from apps.core.exceptions import ApplicationError
+from apps.core.ids import key_next
+from apps.usage import metrics
+from apps.usage.budgets import budget_settle, reservation_record
+from apps.usage.models import UsageRecord
+from apps.usage.services import usage_record_chat
+from apps.usage.values import Usage
+from inference import ModelEntry, UpstreamUsage
+
+
+@dataclass(frozen=True)
+class AnswerKeys:
+    """The primary keys of the answer's rows, known before they are written."""
+
+    message_id: int
+    conversation_id: int
+    question_id: int
+    """The user's message (0 for an answer not stored); below ``message_id``."""
+
+    @classmethod
+    async def take(cls, prepared: PreparedAnswer) -> AnswerKeys:
+        conversation = prepared.conversation
+        if conversation is not None:
+            conversation_id = conversation.pk
+        else:  # a new one, unless nothing is stored (0: none)
+            conversation_id = await key_next(Conversation) if prepared.store else 0
+        question_id = await key_next(Message) if prepared.store else 0
+        return cls(
+            message_id=await key_next(Message),
+            conversation_id=conversation_id,
+            question_id=question_id,
+        )
+
+
+@dataclass
+class Generation:
+    """What the tier has sent for one answer so far, and when."""
+
+    text: list[str] = field(default_factory=list)
+    reasoning: list[str] = field(default_factory=list)
+    upstream: UpstreamUsage | None = None
+    finish_reason: str | None = None
+    started: float = field(default_factory=time.monotonic)
+    first_token: float | None = None
+    last_token: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Ending:
+    """How an answer ended, as its settlement records it."""
+
+    status: str
+    """A ``Message.Status``."""
+    usage: Usage
+    text: str
+    reasoning: str
+    finish_reason: str
+    served: ModelEntry
+    """The alias that served (or was last tried)."""
+    upstream: str
+    """The upstream that served ("" for an answer replayed from the response cache)."""
+    error: ApplicationError | None = None
+
+
+def usage_of(
+    prepared: PreparedAnswer,
+    generation: Generation,
+    *,
+    queued: float,
+    served: ModelEntry,
+    cache_hit: bool = False,
+) -> Usage:
+    """The usage block: the tier's own when it sent one, else the exact local count, with
+    the tokenizer of the alias that served (a fallback alias counts its own prompt); for a
+    cache hit, no token (nothing was generated: only the query's embedding, charged by the
+    search, was spent)."""
+    counter = served.tokenizer.load()
+    count = counter.count
+    reasoning_text = "".join(generation.reasoning)
+    upstream = generation.upstream
+    if cache_hit:
+        prompt_tokens = cached_tokens = completion_tokens = reasoning_tokens = 0
+    elif upstream is not None:
+        prompt_tokens, completion_tokens = upstream.prompt_tokens, upstream.completion_tokens
+        cached_tokens = upstream.cached_tokens
+        if upstream.reasoning_tokens is not None:
+            reasoning_tokens = upstream.reasoning_tokens
+        else:
+            reasoning_tokens = (
+                min(count(reasoning_text), completion_tokens) if reasoning_text else 0
+            )
+    else:
+        prompt_tokens, cached_tokens = prepared.prompt.prompt_tokens, 0
+        if served.tokenizer != prepared.spec.entry.tokenizer:
+            prompt_tokens = counter.count_chat(prepared.prompt.messages)
+        reasoning_tokens = count(reasoning_text) if reasoning_text else 0
+        answer = "".join(generation.text)
+        completion_tokens = reasoning_tokens + (count(answer) if answer else 0)
+    now = time.monotonic()
+    first = generation.first_token
+    decode = now - (first or now)
+    return Usage(
+        prompt_tokens=prompt_tokens,
+        cached_tokens=cached_tokens,
+        completion_tokens=completion_tokens,
+        reasoning_tokens=reasoning_tokens,
+        ttft_ms=round((first - generation.started) * 1000) if first is not None else None,
+        duration_ms=round((now - generation.started) * 1000),
+        tokens_per_second=round(completion_tokens / decode, 2)
+        if decode > 0 and not cache_hit
+        else None,
+        queue_ms=round(queued * 1000),
+        model=served.alias,
+        source="upstream" if upstream is not None else "counted",
+        cache_hit=cache_hit,
+    )
+
+
+def usage_observe(usage: Usage, status: str, error: ApplicationError | None) -> None:
+    model = usage.model
+    if usage.ttft_ms is not None and not usage.cache_hit:  # a replay's TTFT is the cache's
+        metrics.TTFT.labels(model).observe(usage.ttft_ms / 1000)
+    if usage.tokens_per_second is not None:
+        metrics.OUTPUT_TOKENS_PER_SECOND.labels(model).observe(usage.tokens_per_second)
+    metrics.TOKENS.labels("chat", model, "input").inc(usage.prompt_tokens)
+    metrics.TOKENS.labels("chat", model, "output").inc(usage.completion_tokens)
+    if status == Message.Status.FAILED and error is not None:
+        metrics.UPSTREAM_ERRORS.labels(error.code).inc()
+
+
+def messages_create(prepared: PreparedAnswer, keys: AnswerKeys) -> None:
+    """The question and the (streaming) answer, in one insert, with their keys taken
+    ahead. Called through the one writer: all or nothing."""
+    caller, team = prepared.caller, prepared.caller.team
+    if prepared.reservation is not None:
+        reservation_record(reservation=prepared.reservation)
+    conversation = prepared.conversation
+    if conversation is None:
+        conversation = conversation_create(caller=caller, title="openai", key=keys.conversation_id)
+    question = Message(
+        pk=keys.question_id,
+        conversation=conversation,
+        team=team,
+        role=Message.Role.USER,
+        content=prepared.question,
+    )
+    answer = Message(
+        pk=keys.message_id,
+        conversation=conversation,
+        team=team,
+        role=Message.Role.ASSISTANT,
+        status=Message.Status.STREAMING,
+        citations=prepared.citations,
+        model=prepared.spec.alias,
+        served_model=prepared.spec.served_name,
+    )
+    Message.objects.bulk_create([question, answer])  # created_at in this order, one insert
+    Conversation.objects.filter(pk=conversation.pk).update(updated_at=answer.created_at)
+
+
+LEDGER_STATUS = {
+    Message.Status.COMPLETE: UsageRecord.Status.OK,
+    Message.Status.FAILED: UsageRecord.Status.ERROR,
+    Message.Status.CANCELLED: UsageRecord.Status.CANCELLED,
+}
+
+
+def settlement_write(
+    prepared: PreparedAnswer, keys: AnswerKeys, ending: Ending, *, rows_written: bool
+) -> None:
+    """The settled reservation, the ledger row and the message, together (in one
+    transaction, shared with other answers': :mod:`apps.core.group_commit`). An answer
+    whose rows were not written (the client left at once, the database failed) writes
+    them."""
+    usage, message_id, stored = ending.usage, keys.message_id, prepared.store
+    if stored and not rows_written and not Message.objects.filter(pk=message_id).exists():
+        messages_create(prepared, keys)
+    caller = prepared.caller
+    if prepared.reservation is not None:
+        budget_settle(reservation=prepared.reservation, actual=usage.total_tokens)
+    error = ending.error
+    served = ending.served
+    usage_record_chat(
+        team=caller.team,
+        api_key=caller.api_key,
+        user=caller.user,
+        model=served.alias,
+        requested_model=prepared.requested or prepared.spec.alias,
+        upstream=ending.upstream,
+        price=served.price,
+        energy=served.energy,
+        usage=usage,
+        status=LEDGER_STATUS[ending.status],
+        error_code=error.code if error else "",
+        object_id=str(message_id),
+    )
+    if not stored:
+        return  # the ledger row only: tokens and cost, no content
+    Message.objects.filter(pk=message_id).update(
+        content=ending.text,
+        reasoning=ending.reasoning,
+        status=ending.status,
+        error=Failed(error=error).data() if error is not None else None,
+        finish_reason=ending.finish_reason,
+        usage_source=usage.source,
+        model=served.alias,
+        served_model=served.model,
+        **usage.columns(),
+    )
