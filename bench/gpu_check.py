@@ -114,7 +114,9 @@ def check_search(size: int, queries: int) -> bool:
     probes /= np.linalg.norm(probes, axis=1, keepdims=True)
     ids = np.arange(size, dtype=np.int64) * 3 + 1
     started = time.perf_counter()
-    index = VectorIndex.build(DIMENSION, "flat", ids, vectors)  # moved to the GPU in add()
+    index = VectorIndex.build(
+        DIMENSION, "flat", ids=ids, vectors=vectors
+    )  # moved to the GPU in add()
     print(
         f"  {size:,} vectors: built and copied to the GPU in {time.perf_counter() - started:.1f} s"
     )

@@ -88,7 +88,7 @@ def measure(
 ) -> dict[str, float]:
     set_search_threads(threads)  # builds use the machine...
     started = time.perf_counter()
-    index = VectorIndex.build(DIMENSION, kind, ids, vectors)  # type: ignore[arg-type]
+    index = VectorIndex.build(DIMENSION, kind, ids=ids, vectors=vectors)  # type: ignore[arg-type]
     build = time.perf_counter() - started
     set_search_threads(1)  # ...queries come one at a time, one thread each (the app's)
     memory = len(faiss.serialize_index(index._raw))
@@ -156,7 +156,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         queries = clustered(rng, centres, args.queries)
         ids = np.arange(size, dtype=np.int64) * 7 + 3
         set_search_threads(args.threads)
-        exact = VectorIndex.build(DIMENSION, "flat", ids, vectors)
+        exact = VectorIndex.build(DIMENSION, "flat", ids=ids, vectors=vectors)
         set_search_threads(1)
         truth = [{hit.id for hit in row} for row in exact.search(queries, 10)]
         del exact

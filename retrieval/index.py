@@ -107,7 +107,7 @@ class VectorIndex:
 
     @classmethod
     def build(
-        cls, dimension: int, kind: IndexKind, ids: Ids, vectors: Vectors, *, pq_m: int = 0
+        cls, dimension: int, kind: IndexKind, *, ids: Ids, vectors: Vectors, pq_m: int = 0
     ) -> VectorIndex:
         """An index of ``kind`` holding ``vectors`` under ``ids``; an ivf one is trained on
         (a sample of) them first."""
@@ -229,7 +229,7 @@ class VectorIndex:
             removed = int((~keep).sum())
             if removed:
                 self._raw = VectorIndex.build(
-                    self.dimension, self.kind, present[keep], vectors[keep]
+                    self.dimension, self.kind, ids=present[keep], vectors=vectors[keep]
                 )._raw
         self._searchable = _to_gpu(self._raw)
         return removed

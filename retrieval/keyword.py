@@ -134,12 +134,20 @@ class KeywordIndex:
         vocabulary = [""] * len(tokenized.vocab)
         for term, position in tokenized.vocab.items():
             vocabulary[position] = term
-        return cls._from_pairs(ids, lengths, vocabulary, terms, chunks, np.ones_like(terms))
+        return cls._from_pairs(
+            ids,
+            lengths=lengths,
+            vocabulary=vocabulary,
+            terms=terms,
+            chunks=chunks,
+            counts=np.ones_like(terms),
+        )
 
     @classmethod
     def _from_pairs(
         cls,
         ids: Ids,
+        *,
         lengths: npt.NDArray[np.int32],
         vocabulary: list[str],
         terms: npt.NDArray[np.int64],
@@ -182,11 +190,11 @@ class KeywordIndex:
             return cls(np.zeros(0, dtype=np.int64))
         return cls._from_pairs(
             np.concatenate(ids),
-            np.concatenate(lengths),
-            list(vocabulary),
-            np.concatenate(terms),
-            np.concatenate(chunks),
-            np.concatenate(counts),
+            lengths=np.concatenate(lengths),
+            vocabulary=list(vocabulary),
+            terms=np.concatenate(terms),
+            chunks=np.concatenate(chunks),
+            counts=np.concatenate(counts),
         )
 
     def __len__(self) -> int:

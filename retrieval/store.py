@@ -208,7 +208,7 @@ class SegmentedIndex:
             ids, held = self.live_vectors()
             if old.pq_m and exact_vectors is not None:
                 held = exact_vectors(ids)
-            vectors = VectorIndex.build(old.dimension, kind, ids, held, pq_m=pq_m)
+            vectors = VectorIndex.build(old.dimension, kind, ids=ids, vectors=held, pq_m=pq_m)
         keywords = KeywordIndex.merge(
             [(s.keywords, dead) for s, dead in zip(self.segments, self.dead, strict=True)]
         )
@@ -296,7 +296,7 @@ class IndexStore:
                 self._segments.move_to_end((key, role, version))
                 return cached
         loaded = self.read(key, role, version)
-        self._remember(key, role, version, loaded)
+        self._remember(key, role, version, segment=loaded)
         return loaded
 
     def read_state(self, key: str, state: IndexState) -> SegmentedIndex:
@@ -333,12 +333,12 @@ class IndexStore:
     def write_delta(self, key: str, version: int, segment: Segment) -> None:
         segment.write_delta(self.delta_path(key, version))
 
-    def remember(self, key: str, role: SegmentRole, version: int, segment: Segment) -> None:
+    def remember(self, key: str, role: SegmentRole, version: int, *, segment: Segment) -> None:
         """Cache a segment known to be live, as if just loaded: for a writer once its
         transaction has committed (a rolled-back one never answers a search here)."""
-        self._remember(key, role, version, segment)
+        self._remember(key, role, version, segment=segment)
 
-    def _remember(self, key: str, role: SegmentRole, version: int, segment: Segment) -> None:
+    def _remember(self, key: str, role: SegmentRole, version: int, *, segment: Segment) -> None:
         entry = (key, role, version)
         with self._lock:
             previous = self._segments.pop(entry, None)

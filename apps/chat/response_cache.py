@@ -65,10 +65,10 @@ class DatabaseResponseCache:
         return entry.payload if entry is not None else None
 
     async def put(self, *, team_id: int, key: str, payload: str, ttl: int) -> None:
-        await db_call(self._put)(team_id, key, payload, ttl)
+        await db_call(self._put)(team_id=team_id, key=key, payload=payload, ttl=ttl)
 
     @staticmethod
-    def _put(team_id: int, key: str, payload: str, ttl: int) -> None:
+    def _put(*, team_id: int, key: str, payload: str, ttl: int) -> None:
         now = timezone.now()
         ResponseCacheEntry.objects.update_or_create(
             team_id=team_id,

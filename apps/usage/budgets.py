@@ -364,10 +364,10 @@ def _admit(
             if seeded == len(held.quotas):
                 raise
             seeded += 1
-            _seed(store, team, missing.quota, now)
+            _seed(store, team=team, quota=missing.quota, now=now)
 
 
-def _seed(store: RedisLimiter, team: Team, quota: Quota, now: datetime) -> None:
+def _seed(store: RedisLimiter, *, team: Team, quota: Quota, now: datetime) -> None:
     """A quota into Redis from the record: what settled (the database counter, if there is
     one yet) and what the team's open Redis reservations charged to it hold. Writes nothing
     to the database (the caller's transaction may yet roll back)."""
@@ -510,7 +510,7 @@ def budget_extend(*, reservation: Reservation, tokens: int, now: datetime | None
         counters = QuotaCounter.objects.filter(pk__in=reservation.counters)
         for counter in counters.select_related("limit"):
             key = QuotaKey(counter.limit_id, counter.period, counter.starts_on)
-            quota = _quota_of(counter.limit, key, reservation, now)
+            quota = _quota_of(counter.limit, key, reservation=reservation, now=now)
             if quota is not None and not QuotaCounter.objects.filter(
                 pk=counter.pk, used__lte=quota.maximum - tokens
             ).update(used=F("used") + tokens):
@@ -572,7 +572,9 @@ def _extend_remote(reservation: Reservation, tokens: int, now: datetime) -> None
     reservation.tokens += tokens
 
 
-def _quota_of(limit: Limit, key: QuotaKey, reservation: Reservation, now: datetime) -> Quota | None:
+def _quota_of(
+    limit: Limit, key: QuotaKey, *, reservation: Reservation, now: datetime
+) -> Quota | None:
     """The quota ``key`` of ``limit`` counts against; None if the limit was lifted."""
     maximum = limit.daily_tokens if key.period == "day" else limit.monthly_tokens
     if maximum is None:
@@ -586,7 +588,7 @@ def _quotas_of(reservation: Reservation, now: datetime) -> list[Quota]:
     keys = _quota_keys(reservation)
     limits = Limit.objects.in_bulk([key.limit_id for key in keys])
     found = [
-        _quota_of(limits[key.limit_id], key, reservation, now)
+        _quota_of(limits[key.limit_id], key, reservation=reservation, now=now)
         for key in keys
         if key.limit_id in limits
     ]
@@ -651,7 +653,7 @@ def _settle(reservation: Reservation, actual: int, now: datetime) -> None:
         # sees this settlement in both places or in neither.
         for key in _quota_keys(reservation):
             _record(key, actual)
-        if not _release_remote(reservation, held, difference, actual, now):
+        if not _release_remote(reservation, held, difference=difference, actual=actual, now=now):
             Reservation.objects.filter(pk=reservation.pk).update(remote_pending=True)
     if held is not None:
         held.settled = True
@@ -659,7 +661,7 @@ def _settle(reservation: Reservation, actual: int, now: datetime) -> None:
 
 
 def _release_remote(
-    reservation: Reservation, held: _Hold | None, difference: int, actual: int, now: datetime
+    reservation: Reservation, held: _Hold | None, *, difference: int, actual: int, now: datetime
 ) -> bool:
     """Give a settled reservation's tokens and slot back to Redis and turn its quota holds
     into ``actual``; False if Redis is down. Redis does this once per reservation only."""
@@ -693,9 +695,9 @@ def reservations_release_expired(*, now: datetime | None = None) -> int:
         if not _release_remote(
             reservation,
             None,
-            reservation.tokens - actual,
-            actual,
-            reservation.settled_at or now,
+            difference=reservation.tokens - actual,
+            actual=actual,
+            now=reservation.settled_at or now,
         ):
             break  # still down: the next run tries again
         Reservation.objects.filter(pk=reservation.pk).update(remote_pending=False)

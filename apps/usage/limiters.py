@@ -135,7 +135,7 @@ def slot_refusal(slot: Slot) -> Refusal:
 
 
 def refilled(
-    level: int, refilled_at: datetime, capacity: int, rate: int, now: datetime
+    level: int, refilled_at: datetime, *, capacity: int, rate: int, now: datetime
 ) -> tuple[int, datetime]:
     """Whole tokens earned since the last refill; the clock moves by what they took, so
     fractions of a token are never lost or invented."""
@@ -163,7 +163,9 @@ class DatabaseLimiter:
     ) -> Refusal | None:
         for bucket in buckets:
             pk, level, refilled_at = _locked_bucket(bucket, now)
-            level, refilled_at = refilled(level, refilled_at, bucket.capacity, bucket.rate, now)
+            level, refilled_at = refilled(
+                level, refilled_at, capacity=bucket.capacity, rate=bucket.rate, now=now
+            )
             if level < tokens:
                 return bucket_refusal(bucket, level, tokens)
             statements.bucket_set(pk, level=level - tokens, refilled_at=refilled_at)
@@ -191,7 +193,9 @@ class DatabaseLimiter:
         row = TokenBucket.objects.filter(limit_id=bucket.limit_id).first()
         if row is None:
             return bucket.capacity
-        return refilled(row.level, row.refilled_at, bucket.capacity, bucket.rate, now)[0]
+        return refilled(
+            row.level, row.refilled_at, capacity=bucket.capacity, rate=bucket.rate, now=now
+        )[0]
 
 
 def _locked_bucket(bucket: Bucket, now: datetime) -> tuple[int, int, datetime]:

@@ -34,7 +34,7 @@ def _db() -> BaseDatabaseWrapper:
     return connections[DEFAULT_DB_ALIAS]
 
 
-def _prep(db: BaseDatabaseWrapper, model: type[models.Model], name: str, value: object) -> Any:
+def _prep(db: BaseDatabaseWrapper, model: type[models.Model], name: str, *, value: object) -> Any:
     return model._meta.get_field(name).get_db_prep_value(value, db)
 
 
@@ -126,7 +126,7 @@ def quota_charge(counter_id: int, *, tokens: int, room: int, key: Any = None) ->
     db = _db()
     if key is None:
         return bool(_run(db, "charge", [tokens, counter_id, room]))
-    starts_on = _prep(db, QuotaCounter, "starts_on", key.starts_on)
+    starts_on = _prep(db, QuotaCounter, "starts_on", value=key.starts_on)
     params = [tokens, counter_id, room, key.limit_id, key.period, starts_on]
     return bool(_run(db, "charge_key", params))
 
@@ -134,7 +134,7 @@ def quota_charge(counter_id: int, *, tokens: int, room: int, key: Any = None) ->
 def quota_record(key: Any, *, tokens: int) -> bool:
     """Add ``tokens`` to a quota's counter, found by its key; False if it has no row yet."""
     db = _db()
-    starts_on = _prep(db, QuotaCounter, "starts_on", key.starts_on)
+    starts_on = _prep(db, QuotaCounter, "starts_on", value=key.starts_on)
     return bool(_run(db, "record", [tokens, key.limit_id, key.period, starts_on]))
 
 
@@ -158,7 +158,7 @@ def bucket_row(limit_id: int) -> tuple[int, int, datetime] | None:
 
 def bucket_set(pk: int, *, level: int, refilled_at: datetime) -> None:
     db = _db()
-    _run(db, "bucket_set", [level, _prep(db, TokenBucket, "refilled_at", refilled_at), pk])
+    _run(db, "bucket_set", [level, _prep(db, TokenBucket, "refilled_at", value=refilled_at), pk])
 
 
 def bucket_refund(limit_id: int, *, tokens: int, capacity: int) -> None:
@@ -207,11 +207,11 @@ def reservation_claim(reservation: Reservation, *, now: datetime, actual: int) -
     or None if it was settled already (by anyone)."""
     db = _db()
     params = [
-        _prep(db, Reservation, "settled_at", now),
+        _prep(db, Reservation, "settled_at", value=now),
         actual,
         False,
         reservation.pk,
-        _prep(db, Reservation, "token", reservation.token),
+        _prep(db, Reservation, "token", value=reservation.token),
     ]
     rows = _run(db, "claim", params)
     return int(rows[0][0]) if rows else None

@@ -28,7 +28,7 @@ def data() -> tuple[np.ndarray, np.ndarray, np.ndarray, list[set[int]]]:
     points = clustered(SIZE + 200, seed=1)  # queries about the same topics as the chunks
     vectors, queries = points[:SIZE], points[SIZE:]
     ids = np.arange(SIZE, dtype=np.int64) * 3 + 7  # chunk ids are not positions
-    exact = VectorIndex.build(DIM, "flat", ids, vectors).search(queries, 10)
+    exact = VectorIndex.build(DIM, "flat", ids=ids, vectors=vectors).search(queries, 10)
     return vectors, ids, queries, [{hit.id for hit in row} for row in exact]
 
 
@@ -40,7 +40,7 @@ def recall(found: list[list[Hit]], truth: list[set[int]]) -> float:
 @pytest.mark.parametrize("kind", ["hnsw", "ivf"])
 def test_recall_at_10_against_flat(kind: str, data, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     vectors, ids, queries, truth = data
-    index = VectorIndex.build(DIM, kind, ids, vectors)  # type: ignore[arg-type]
+    index = VectorIndex.build(DIM, kind, ids=ids, vectors=vectors)  # type: ignore[arg-type]
     assert index.kind == kind and len(index) == SIZE
     assert recall(index.search(queries, 10), truth) >= 0.95
     # The same contract: ids, filters inside the search, removal, files.
@@ -59,7 +59,7 @@ def test_recall_at_10_against_flat(kind: str, data, tmp_path: Path) -> None:  # 
 
 def test_ivf_vectors_round_trip_exactly(data) -> None:  # type: ignore[no-untyped-def]
     vectors, ids, _, _ = data
-    index = VectorIndex.build(DIM, "ivf", ids[:5000], vectors[:5000])
+    index = VectorIndex.build(DIM, "ivf", ids=ids[:5000], vectors=vectors[:5000])
     held_ids, held = index.vectors()
     order = np.argsort(held_ids)
     np.testing.assert_array_equal(held_ids[order], ids[:5000])

@@ -71,7 +71,7 @@ def segment(add: list[int], tombstones: list[int] = ()) -> Segment:  # type: ign
     ids = np.array(add, dtype=np.int64)
     held = np.array([CORPUS[i] for i in add], dtype=np.float32).reshape(-1, DIM)
     return Segment(
-        VectorIndex.build(DIM, "flat", ids, held),
+        VectorIndex.build(DIM, "flat", ids=ids, vectors=held),
         KeywordIndex.build(ids, texts(ids)),
         np.array(tombstones, dtype=np.int64),
     )
@@ -215,7 +215,7 @@ def test_compaction_patches_a_trained_ivf_and_retrains_it_on_growth(
         ids = np.arange(first, first + count, dtype=np.int64)
         kind = "ivf" if first == 0 else "flat"
         return Segment(
-            VectorIndex.build(DIM, kind, ids, points),  # type: ignore[arg-type]
+            VectorIndex.build(DIM, kind, ids=ids, vectors=points),  # type: ignore[arg-type]
             KeywordIndex.build(ids, ["word"] * count),
             np.array(tombstones, dtype=np.int64),
         )

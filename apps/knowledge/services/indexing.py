@@ -74,15 +74,17 @@ def _embedder(backend: str, options: tuple[tuple[str, Any], ...]) -> Embedder:
 def index_store() -> IndexStore:
     return _index_store(
         str(settings.INDEX_DIR),
-        settings.EMBEDDING_DIMENSION,
-        settings.VECTOR_INDEX_KIND,
-        settings.VECTOR_INDEX_PQ_M,
-        settings.INDEX_CACHE_BYTES,
+        dimension=settings.EMBEDDING_DIMENSION,
+        policy=settings.VECTOR_INDEX_KIND,
+        pq_m=settings.VECTOR_INDEX_PQ_M,
+        cache_bytes=settings.INDEX_CACHE_BYTES,
     )
 
 
 @functools.cache
-def _index_store(root: str, dimension: int, policy: str, pq_m: int, cache_bytes: int) -> IndexStore:
+def _index_store(
+    root: str, *, dimension: int, policy: str, pq_m: int, cache_bytes: int
+) -> IndexStore:
     set_search_threads(settings.FAISS_THREADS)
     return IndexStore(
         Path(root),
@@ -122,7 +124,7 @@ def collection_index_append(
     collection = Collection.objects.select_for_update().get(pk=collection_id)
     store = index_store()
     delta = Segment(
-        VectorIndex.build(store.dimension, "flat", ids, vectors),
+        VectorIndex.build(store.dimension, "flat", ids=ids, vectors=vectors),
         keyword_index_build(collection_id=collection.pk, ids=ids),
         np.unique(np.asarray(tombstones, dtype=np.int64)),
     )
@@ -134,7 +136,7 @@ def collection_index_append(
 
     def published() -> None:
         # Cached only once current: a rolled-back version never answers a search here.
-        store.remember(collection.index_key, "delta", version, delta)
+        store.remember(collection.index_key, "delta", version, segment=delta)
         if deltas >= settings.INDEX_COMPACT_DELTAS:
             celery_app.signature(COMPACT_TASK, args=[collection.pk], immutable=True).apply_async()
 
@@ -207,7 +209,7 @@ def collection_index_compact(*, collection_id: int, force: bool = False) -> bool
         Collection.objects.filter(pk=collection_id).update(index_base=state.version)
 
         def published() -> None:
-            store.remember(collection.index_key, "base", state.version, base)
+            store.remember(collection.index_key, "base", state.version, segment=base)
             store.prune(collection.index_key, base_before=state.base)
 
         transaction.on_commit(published)
@@ -282,8 +284,8 @@ def collection_index_rebuild(*, collection_id: int) -> Collection:
             VectorIndex.build(
                 store.dimension,
                 kind_for_size(store.policy, len(ids)),
-                ids,
-                vectors,
+                ids=ids,
+                vectors=vectors,
                 pq_m=store.pq_m,
             ),
             keyword_index_build(collection_id=collection.pk, ids=ids),
@@ -296,7 +298,7 @@ def collection_index_rebuild(*, collection_id: int) -> Collection:
         collection.index_version = collection.index_base = version
 
         def published() -> None:
-            store.remember(collection.index_key, "base", version, base)
+            store.remember(collection.index_key, "base", version, segment=base)
             store.prune(collection.index_key, base_before=previous)
 
         transaction.on_commit(published)
