@@ -14,7 +14,11 @@ What is measured (every part in both configurations; one line per target,
        from the tier's own ``/v1/chat/completions`` (the body the app sends, built as
        bench/answer_latency.py builds it). Each surface has its own tier sample per round.
        Reported per surface: p50 and p99 of the per-round difference app - tier.
-       Targets: p50 <= 3 ms, p99 <= 15 ms.
+       Targets: p50 <= 3 ms, p99 <= 15 ms. Beside them, what one answer costs the app's
+       process: its CPU (all threads, ``/proc/<pid>/task/*/schedstat``) over
+       ``--cpu-answers`` (100) answers one after another, per surface. The native surface
+       stores each answer (two messages, the event journal), the OpenAI surface by default
+       does not.
     2. Admission: ``budget_reserve`` + ``budget_settle`` in this process, measured by
        bench/admission_latency.py's ``run_configuration`` (one sample = reserve + settle;
        the reserve alone, the step before the first token, is shown beside),
@@ -356,6 +360,28 @@ def part_ttft(stack: Stack, part: Part) -> None:
             f"{median(values['tier']):.2f} ms ({rounds} rounds after {warmup} warm-up, "
             f"max_tokens {max_tokens})"
         )
+    # What one answer costs the app's process, one at a time: all its CPU, bookkeeping
+    # after the stream included (an answer's tail falls in the next one's span).
+    answers = stack.args.cpu_answers
+    conversations = iter([new_conversation(stack.app) for _ in range(answers)])
+    calls: dict[str, Callable[[], Stream]] = {
+        "native SSE": lambda: stream_app(
+            stack.app, next(conversations), app_body(QUESTION, max_tokens)
+        ),
+        "OpenAI /v1/chat/completions": lambda: stream_direct(stack.app, body_openai),
+    }
+    pid = stack.app_service.process.pid
+    for name, call in calls.items():
+        before = cpu_seconds(pid)
+        for _ in range(answers):
+            call()
+        cpu_ms = (cpu_seconds(pid) - before) * 1000 / answers
+        part.add(f"{name}: app CPU per answer", cpu_ms, " ms")
+    part.notes.append(
+        f"app CPU per answer: {answers} answers one after another, max_tokens {max_tokens}; "
+        "the native surface stores each answer (its two messages, the event journal), the "
+        "OpenAI surface by default does not (the ledger row only)"
+    )
 
 
 # --------------------------------------------------------------------------- part 2
@@ -785,6 +811,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=200, help="part 1: measured rounds")
     parser.add_argument("--warmup", type=int, default=10, help="part 1: unmeasured rounds first")
     parser.add_argument("--ttft-max-tokens", type=int, default=8, help="part 1: max_tokens")
+    parser.add_argument(
+        "--cpu-answers", type=int, default=100, help="part 1: answers for the CPU per answer"
+    )
     parser.add_argument("--admission-concurrency", type=int, default=32, help="part 2")
     parser.add_argument(
         "--admission-iterations", type=int, default=1280, help="part 2: samples per case"
