@@ -31,7 +31,6 @@ class Journal:
     numbers them, for an answer that is not to be stored: ``keep=False``)."""
 
     def __init__(self, *, keep: bool = True) -> None:
-        self.keep = keep
         self.message_id = 0
         self.seq = 0
         self.pending: list[AnswerEvent] = []
