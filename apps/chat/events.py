@@ -17,7 +17,7 @@ from typing import Any, Protocol
 import redis
 from django.conf import settings
 
-from apps.chat.models import MessageEvent
+from apps.chat.models import Message, MessageEvent
 from apps.core.aio import db_call, redis_client
 from apps.core.crypto import decrypt_bytes, encrypt_bytes
 from apps.core.group_commit import budget_writer
@@ -47,13 +47,7 @@ class DatabaseEventStore:
         await self.append_many({message_id: events})
 
     async def append_many(self, batches: Mapping[int, Events]) -> None:
-        rows = [
-            MessageEvent(message_id=message_id, seq=events[-1][0], event=BATCH, data=events)
-            for message_id, events in batches.items()
-        ]
-        await db_call(budget_writer.run)(
-            MessageEvent.objects.bulk_create, rows, ignore_conflicts=True
-        )
+        await db_call(budget_writer.run)(_rows_insert, batches)
 
     async def after(self, message_id: int, seq: int) -> Events:
         return await db_call(self._after)(message_id, seq)
@@ -97,6 +91,18 @@ class RedisEventStore:
 
     async def aclose(self) -> None:
         pass  # the client is shared by every answer of this event loop
+
+
+def _rows_insert(batches: Mapping[int, Events]) -> None:
+    """One insert for every answer's batch, but for a message deleted meanwhile: its
+    events go nowhere, and do not fail the other answers' with a dangling key."""
+    alive = set(Message.objects.filter(pk__in=list(batches)).values_list("pk", flat=True))
+    rows = [
+        MessageEvent(message_id=message_id, seq=events[-1][0], event=BATCH, data=events)
+        for message_id, events in batches.items()
+        if message_id in alive
+    ]
+    MessageEvent.objects.bulk_create(rows, ignore_conflicts=True)
 
 
 def _after(seq: int, records: Iterable[tuple[int, str, Any]]) -> Events:

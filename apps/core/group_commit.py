@@ -5,11 +5,13 @@ transaction, concurrent answers queue on the commit (a disk flush each) and on t
 locks their writes share (a team's quota counter), so the last of 32 waits for 31 commits.
 Here, whoever finds the writer free takes every write pending at that moment and runs them
 in one transaction, each in its own savepoint (one that fails rolls back alone and raises
-in its own thread), then commits once; the others wait for their result. With no
+in its own thread), then commits once; the others wait for their result. A commit that
+fails (a deferred foreign key is checked only then) runs the batch's writes again, each
+alone, so that a write never fails for another's fault, whatever team it belongs to. With no
 contention a write goes alone, as it would without this, in a transaction of its own and
 no savepoint (two statements fewer); under contention the batches grow on their own. A
-write must use only the database and its arguments: it runs on the combining thread (and
-its connection).
+write must use only the database and its arguments (it runs on the combining thread and
+its connection) and may run twice: once in a batch that failed, then alone.
 """
 
 from __future__ import annotations
@@ -62,23 +64,44 @@ class GroupCommit:
         return write.value  # type: ignore[return-value]
 
     def _commit(self, batch: list[_Write[Any]]) -> None:
-        # A write alone is the transaction: if it fails, the whole of it rolls back.
-        savepoints = len(batch) > 1
+        try:
+            if len(batch) == 1:  # alone, the write is the transaction: no savepoint
+                self._alone(batch[0])
+            elif not self._together(batch):
+                # The commit failed: a deferred constraint (a foreign key, checked only
+                # now) or the database itself. Nothing of the batch was kept, and which
+                # write broke it is unknown, so each that had succeeded goes again alone:
+                # only the one at fault fails, to its own caller.
+                for write in batch:
+                    if write.error is None:
+                        self._alone(write)
+        finally:
+            for write in batch:
+                write.done = True
+
+    def _together(self, batch: list[_Write[Any]]) -> bool:
+        """The batch in one transaction, each write in a savepoint (one that raises rolls
+        back alone); False if the commit failed."""
         try:
             with transaction.atomic(using=self.using):
                 for write in batch:
                     try:
-                        with transaction.atomic(using=self.using, savepoint=savepoints):
+                        with transaction.atomic(using=self.using):
                             write.value = write.call()
                     except Exception as exc:
                         write.error = exc
-        except Exception as exc:
+        except Exception:
             for write in batch:
-                write.error = write.error or exc
                 write.value = None
-        finally:
-            for write in batch:
-                write.done = True
+            return False
+        return True
+
+    def _alone(self, write: _Write[Any]) -> None:
+        try:
+            with transaction.atomic(using=self.using):
+                write.value = write.call()
+        except Exception as exc:
+            write.value, write.error = None, exc
 
 
 budget_writer = GroupCommit()

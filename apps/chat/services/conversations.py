@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from django.db import transaction
 
 from apps.accounts.selectors import Caller
@@ -31,15 +33,41 @@ def conversation_create(
     )
 
 
+ANSWER_STOP_SECONDS = 5.0
+"""The longest a delete waits for the conversation's running answers to stop and settle
+(the process streaming one reads cancel requests every quarter second); past it (that
+process died), the delete goes on, and the answer, if it still runs, stops alone."""
+
+
 def conversation_delete(*, conversation: Conversation) -> None:
     """The conversation, its messages and their events, in the database and in Redis, and
-    the team's cached answers (one of them may be this conversation's)."""
+    the team's cached answers (one of them may be this conversation's).
+
+    An answer still running in it is stopped first, and billed for what it generated; its
+    events and its settlement are all written before anything is deleted, and nothing of it
+    after. An answer that had written nothing yet (queued at the tier) finds the
+    conversation gone when it does, and stops (:class:`~.settle.ConversationGone`)."""
     team_id = conversation.team_id
+    answers_stop(conversation=conversation)
     with transaction.atomic():
+        # Locked first: an answer's rows written meanwhile wait for this delete, then
+        # find the conversation gone, instead of pointing at a deleted row.
+        Conversation.objects.select_for_update().filter(pk=conversation.pk).exists()
         message_ids = list(conversation.messages.values_list("pk", flat=True))
         conversation.delete()
         transaction.on_commit(lambda: event_buffers_delete(message_ids=message_ids))
         transaction.on_commit(lambda: response_cache_purge(team_id=team_id))
+
+
+def answers_stop(*, conversation: Conversation, wait: float = ANSWER_STOP_SECONDS) -> None:
+    """Ask every answer streaming in ``conversation`` to stop, and wait until each has
+    settled (its message no longer ``streaming``) or ``wait`` seconds have passed."""
+    running = conversation.messages.filter(status=Message.Status.STREAMING)
+    if not running.update(cancel_requested=True):
+        return
+    deadline = time.monotonic() + wait
+    while running.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def message_cancel(*, message: Message) -> Message:

@@ -45,6 +45,7 @@ from apps.chat.services.models import (
 from apps.chat.services.prepare import PreparedAnswer
 from apps.chat.services.settle import (
     AnswerKeys,
+    ConversationGone,
     Ending,
     Generation,
     messages_create,
@@ -72,7 +73,6 @@ from apps.core.exceptions import (
 from apps.core.group_commit import budget_writer
 from apps.usage import metrics
 from apps.usage.budgets import budget_settle
-from apps.usage.values import Usage
 from inference import (
     Event,
     Failover,
@@ -182,7 +182,9 @@ class AnswerRun:
         self.generation = Generation()
         self.status = Message.Status.COMPLETE
         self.error: ApplicationError | None = None
-        self.usage: Usage | None = None
+        self.closing: tuple[UsageReport, Done] | None = None
+        self.gone = False
+        """The conversation was deleted while this answer ran: it stops, and stores nothing."""
         self.journal = Journal(keep=prepared.store)
         self.entered = False
         self._cancelled: asyncio.Event | None = None
@@ -259,36 +261,47 @@ class AnswerRun:
         self.rows.add_done_callback(self._rows_written)
 
     def _rows_written(self, rows: asyncio.Future[None]) -> None:
-        if rows.cancelled() or rows.exception() is not None:  # settle writes them
+        if not rows.cancelled() and isinstance(rows.exception(), ConversationGone):
+            self.gone = True
+        elif rows.cancelled() or rows.exception() is not None:  # settle writes them
             logger.warning("message %s: rows not written yet: %r", self.message_id, rows)
         else:
             self.journal.message_id = self.message_id  # events may reference the row now
 
-    async def settle(self) -> Usage:
+    async def settle(self) -> tuple[UsageReport, Done]:
         """Settle the reservation on what was used, write the ledger row and the message;
-        once only (a second call returns the first usage). If the database fails, the
-        write is retried in the background: the stream still ends with its usage."""
-        if self.usage is None:
+        once only (a second call returns the first ending). The answer's last events (its
+        usage, then ``done``) are journalled before its message leaves ``streaming``, so
+        that whoever sees it ended (a replay, a delete) finds every event stored. If the
+        database fails, the write is retried in the background: the stream still ends
+        with its usage."""
+        if self.closing is None:
             served, generation = self.served, self.generation
-            usage = self.usage = usage_of(
+            usage = usage_of(
                 self.prepared,
                 generation,
                 queued=self.queued,
                 served=served,
                 cache_hit=self.cached is not None,
             )
+            reason = generation.finish_reason or "stop"
+            self.closing = (
+                self.emit(UsageReport(usage=usage)),
+                self.emit(Done(message_id=self.message_id, finish_reason=reason)),
+            )
             if self._rows_due is not None:  # not begun: written with the settlement
                 self._rows_due.cancel()
                 self._rows_due = None
             if self.rows is not None:
                 await asyncio.wait({self.rows})
+            await self.journal.flush()
             usage_observe(usage, self.status, self.error)
             ending = Ending(
                 status=self.status,
                 usage=usage,
                 text="".join(generation.text),
                 reasoning="".join(generation.reasoning),
-                finish_reason=generation.finish_reason or "stop",
+                finish_reason=reason,
                 served=served,
                 upstream=self.failover.target.upstream if self.failover is not None else "",
                 error=self.error,
@@ -299,7 +312,7 @@ class AnswerRun:
                 logger.warning("message %s: not settled yet: %r", self.message_id, exc)
                 _in_background(self._save_later(ending))
             await self._cache()
-        return self.usage
+        return self.closing
 
     async def _cache(self) -> None:
         """A complete answer to a cacheable question, kept for the next one to replay."""
@@ -322,10 +335,14 @@ class AnswerRun:
 
     async def _save(self, ending: Ending) -> None:
         write = db_call(budget_writer.run)
-        await write(
+        stored = await write(
             settlement_write, self.prepared, self.keys, ending, rows_written=self._rows_ok()
         )
-        self.journal.message_id = self.message_id
+        if stored:
+            self.journal.message_id = self.message_id
+        else:  # nothing to replay, or its conversation is gone: nothing more is written
+            self.journal.message_id = 0
+            self.journal.pending.clear()
 
     async def _save_later(self, ending: Ending) -> None:
         """Until the database is back (or the reservation's expiry settles it instead)."""
@@ -360,7 +377,7 @@ class AnswerRun:
         traceback: TracebackType | None,
     ) -> None:
         try:
-            if self.usage is None:
+            if self.closing is None:
                 # The client went away (or something broke mid-stream): bill what was
                 # generated; a client resuming with Last-Event-ID reads the ending.
                 if exc is None or isinstance(exc, (asyncio.CancelledError, GeneratorExit)):
@@ -368,10 +385,7 @@ class AnswerRun:
                 else:
                     logger.exception("answer failed mid-stream", exc_info=exc)
                     self.end(Message.Status.FAILED, "error")
-                usage = await asyncio.shield(self.settle())
-                self.emit(UsageReport(usage=usage))
-                reason = self.generation.finish_reason or "cancelled"
-                self.emit(Done(message_id=self.message_id, finish_reason=reason))
+                await asyncio.shield(self.settle())
             await asyncio.shield(self.journal.close())
         finally:
             _cancel_watch().forget(self.message_id)
@@ -387,8 +401,9 @@ class AnswerRun:
 
     @property
     def cancel_requested(self) -> bool:
-        """Whether ``POST …/cancel`` asked (in any process) to stop this answer."""
-        return self._cancelled is not None and self._cancelled.is_set()
+        """Whether ``POST …/cancel`` or a delete of the conversation asked (in any
+        process) to stop this answer."""
+        return self.gone or (self._cancelled is not None and self._cancelled.is_set())
 
 
 async def answer_events(run: AnswerRun) -> AsyncIterator[AnswerEvent]:
@@ -434,11 +449,8 @@ async def answer_events(run: AnswerRun) -> AsyncIterator[AnswerEvent]:
         if run.error is not None:
             run.status = Message.Status.FAILED
             yield run.emit(Failed(error=run.error))
-        usage = await run.settle()
-        yield run.emit(UsageReport(usage=usage))
-        yield run.emit(
-            Done(message_id=run.message_id, finish_reason=generation.finish_reason or "stop")
-        )
+        for event in await run.settle():
+            yield event
 
 
 _background: set[asyncio.Task[None]] = set()

@@ -13,6 +13,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from django.utils import timezone
+
 from apps.chat.models import Conversation, Message
 from apps.chat.services.conversations import conversation_create
 from apps.chat.services.prepare import PreparedAnswer
@@ -147,13 +149,25 @@ def usage_observe(usage: Usage, status: str, error: ApplicationError | None) -> 
         metrics.UPSTREAM_ERRORS.labels(error.code).inc()
 
 
+class ConversationGone(Exception):
+    """The answer's conversation was deleted while the answer ran: its rows are not
+    written, and the answer stops (its usage is still billed)."""
+
+
 def messages_create(prepared: PreparedAnswer, keys: AnswerKeys) -> None:
     """The question and the (streaming) answer, in one insert, with their keys taken
-    ahead. Called through the one writer: all or nothing."""
+    ahead. Called through the one writer: all or nothing. Raises
+    :class:`ConversationGone` before writing anything if the conversation was deleted: its
+    row is updated first, so a delete under way waits for this write (or this write sees
+    it done), and no row ever points at a missing conversation."""
     caller, team = prepared.caller, prepared.caller.team
+    conversation = prepared.conversation
+    if conversation is not None:
+        touched = Conversation.objects.filter(pk=conversation.pk).update(updated_at=timezone.now())
+        if not touched:
+            raise ConversationGone(conversation.pk)
     if prepared.reservation is not None:
         reservation_record(reservation=prepared.reservation)
-    conversation = prepared.conversation
     if conversation is None:
         conversation = conversation_create(caller=caller, title="openai", key=keys.conversation_id)
     question = Message(
@@ -174,7 +188,6 @@ def messages_create(prepared: PreparedAnswer, keys: AnswerKeys) -> None:
         served_model=prepared.spec.served_name,
     )
     Message.objects.bulk_create([question, answer])  # created_at in this order, one insert
-    Conversation.objects.filter(pk=conversation.pk).update(updated_at=answer.created_at)
 
 
 LEDGER_STATUS = {
@@ -186,14 +199,18 @@ LEDGER_STATUS = {
 
 def settlement_write(
     prepared: PreparedAnswer, keys: AnswerKeys, ending: Ending, *, rows_written: bool
-) -> None:
+) -> bool:
     """The settled reservation, the ledger row and the message, together (in one
     transaction, shared with other answers': :mod:`apps.core.group_commit`). An answer
     whose rows were not written (the client left at once, the database failed) writes
-    them."""
+    them. Whether the message is stored: False for an answer not to be stored, or whose
+    conversation was deleted meanwhile (its usage is billed all the same)."""
     usage, message_id, stored = ending.usage, keys.message_id, prepared.store
     if stored and not rows_written and not Message.objects.filter(pk=message_id).exists():
-        messages_create(prepared, keys)
+        try:
+            messages_create(prepared, keys)
+        except ConversationGone:
+            stored = False
     caller = prepared.caller
     if prepared.reservation is not None:
         budget_settle(reservation=prepared.reservation, actual=usage.total_tokens)
@@ -214,15 +231,17 @@ def settlement_write(
         object_id=str(message_id),
     )
     if not stored:
-        return  # the ledger row only: tokens and cost, no content
-    Message.objects.filter(pk=message_id).update(
-        content=ending.text,
-        reasoning=ending.reasoning,
-        status=ending.status,
-        error=Failed(error=error).data() if error is not None else None,
-        finish_reason=ending.finish_reason,
-        usage_source=usage.source,
-        model=served.alias,
-        served_model=served.model,
-        **usage.columns(),
+        return False  # the ledger row only: tokens and cost, no content
+    return bool(
+        Message.objects.filter(pk=message_id).update(
+            content=ending.text,
+            reasoning=ending.reasoning,
+            status=ending.status,
+            error=Failed(error=error).data() if error is not None else None,
+            finish_reason=ending.finish_reason,
+            usage_source=usage.source,
+            model=served.alias,
+            served_model=served.model,
+            **usage.columns(),
+        )
     )

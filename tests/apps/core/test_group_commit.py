@@ -141,3 +141,61 @@ def test_a_write_alone_is_its_own_transaction_with_no_savepoint() -> None:
             group.run(half_done)
     assert list(Team.objects.values_list("name", flat=True)) == ["alone"]
     assert not [q["sql"] for q in queries if "SAVEPOINT" in q["sql"].upper()]
+
+
+def batched(group: GroupCommit, writes: list[Any]) -> tuple[list[Any], list[BaseException]]:
+    """Run ``writes`` through ``group`` as one batch: they queue behind a write that holds
+    the writer, then go together."""
+    entered, go = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        entered.set()
+        go.wait(timeout=30)
+
+    first = threading.Thread(target=lambda: (group.run(holder), connection.close()))
+    first.start()
+    entered.wait(timeout=30)
+    outcome: list[tuple[list[Any], list[BaseException]]] = []
+    others = threading.Thread(
+        target=lambda: outcome.append(in_threads(len(writes), lambda i: group.run(writes[i])))
+    )
+    others.start()
+    wait_until(lambda: len(group._pending) == len(writes))
+    go.set()
+    first.join(timeout=60)
+    others.join(timeout=60)
+    return outcome[0]
+
+
+def test_a_write_failing_a_deferred_constraint_fails_alone_not_its_batch() -> None:
+    """A foreign key is checked at commit (deferred, on PostgreSQL and SQLite alike): the
+    write that breaks it fails, its own caller hears of it, and the other teams' writes
+    in the same batch commit."""
+    from apps.chat.models import Message
+
+    group = GroupCommit()
+    owner = factories.team(name="owner")
+    taken = factories.team(name="taken")
+
+    def dangling() -> None:  # an answer's row for a conversation deleted meanwhile
+        Message.objects.create(conversation_id=987654, team=owner, role="assistant")
+
+    def duplicate() -> None:
+        factories.team(name=taken.name)
+
+    def write(name: str) -> Any:
+        return lambda: factories.team(name=name).name
+
+    writes = [write("a"), dangling, write("b"), duplicate, write("c")]
+    results, errors = batched(group, writes)
+
+    assert len(errors) == 2  # the dangling row and the duplicate, each to its own caller
+    assert sorted(r for r in results if r) == ["a", "b", "c"]
+    assert sorted(Team.objects.values_list("name", flat=True)) == [
+        "a",
+        "b",
+        "c",
+        "owner",
+        "taken",
+    ]
+    assert not Message.objects.exists()
