@@ -22,7 +22,7 @@ How
     machine down. Inputs are built by a case's ``prepare`` (cached), outside the timing.
 
     ``--ref REV`` also runs every case against the code of an older commit: ``git
-    worktree add --detach`` checks it out into a temp folder, the children import
+    archive`` writes it out into a temp folder, the children import
     ``retrieval`` (and anything else) from there, and the table shows both side by side.
     Cases only use the public API the older code also has (or detect what it lacks), so
     they run on both. The pre-fix revision for parsing and chunking is 7df0615.
@@ -33,8 +33,16 @@ Adding a case
     first). Give it ``prepare=`` a ``functools.cache``'d builder when its input is costly
     to build, and call that builder from ``run``.
 
+    ``--tenants`` measures instead what one team's hostile files (``tests/hostile_files.py``)
+    do to another team's ingestion through a real worker: see the section of that name
+    below; docs/abuse.md has the figures. ``--burst`` measures what one team's flood of
+    cheap requests (keyword searches, listings) does to another team's time to first token
+    in the same web process: see its section.
+
 Run (from the repository root)
     .venv/bin/python bench/abuse.py
+    .venv/bin/python bench/abuse.py --tenants --ref 6e733fd --timeout 120
+    .venv/bin/python bench/abuse.py --burst --ref 6e733fd
     .venv/bin/python bench/abuse.py --ref 7df0615 --timeout 60
     .venv/bin/python bench/abuse.py --only chunker --only pdf
 """
@@ -42,19 +50,23 @@ Run (from the repository root)
 from __future__ import annotations
 
 import argparse
+import asyncio
 import base64
 import contextlib
 import functools
 import importlib
 import inspect
 import io
+import itertools
 import json
 import os
 import random
 import resource
 import shutil
+import signal
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 import tracemalloc
@@ -432,6 +444,555 @@ CASES += [
 ]
 
 
+# -- one team's hostile files, another team's ordinary document --------------------------------
+# ``--tenants``: the whole ingestion path, not one function. Django runs in a child process
+# (``--tenants-child``) on the code under test (``--root``; ``--ref`` adds an older
+# commit), on the embedded default: a SQLite file and the on-disk broker (``--broker``: a
+# Redis URL, flushed) in a temp folder,
+# the fake embedder (``--embedder real``: all-MiniLM-L6-v2), one real Celery worker
+# started as ``runstack`` starts it (prefork, ``--concurrency`` children, 1) with the default
+# INGEST_MAX_IN_FLIGHT. The child is the web process: it uploads with
+# ``document_create_from_file``, as the upload endpoint does.
+#
+#   alone     team B uploads its ordinary document (a 30-section handbook, 14 kB of
+#             markdown) with nothing else queued: upload to ``indexed``, median of 5,
+#             after each pool child has loaded its embedder;
+#   busy      team C uploads as many ordinary documents as the corpus has files, then
+#             team B another: B's upload to ``indexed`` (what any backlog costs B);
+#   attacked  team A uploads every file of ``tests.hostile_files.HOSTILE``, then team B
+#             uploads another ordinary document: B's upload to ``indexed``;
+#   per file  the web process's CPU for A's upload (``time.thread_time``), what the upload
+#             answered, and how the document ended (its error's code) or that it was still
+#             held by the workers when B was done.
+
+
+EMBEDDERS = {
+    "fake": "retrieval.embedders.FakeEmbedder",
+    "real": "retrieval.embedders.SentenceTransformerEmbedder",
+}
+
+
+def handbook(label: str, sections: int = 30) -> str:
+    rng = random.Random(label)
+    return "\n\n".join(f"## {label} part {i}\n\n" + prose(rng, 80) for i in range(sections))
+
+
+def tenants_child(root: Path, corpus_dir: Path, args: argparse.Namespace) -> None:
+    timeout = args.timeout
+    data_dir = Path(tempfile.mkdtemp(prefix="abuse-tenants-"))
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "config.settings.base",
+        "RAGTIER_DATA_DIR": str(data_dir),
+        "EMBEDDER_BACKEND": EMBEDDERS[args.embedder],
+        "CELERY_TASK_ALWAYS_EAGER": "false",
+        "HF_HUB_OFFLINE": "1",
+        "LOG_LEVEL": "WARNING",
+        "PYTHONPATH": str(root),
+    }
+    for name in ("DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL", "INGEST_MAX_IN_FLIGHT"):
+        env.pop(name, None)
+    if args.broker:
+        import redis
+
+        env["CELERY_BROKER_URL"] = args.broker
+        redis.Redis.from_url(args.broker, socket_connect_timeout=2).flushdb()
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(root)
+    import django
+
+    django.setup()
+    from django.conf import settings
+    from django.core.files.uploadedfile import SimpleUploadedFile
+    from django.core.management import call_command
+
+    from apps.accounts.services import team_create
+    from apps.knowledge.models import Document
+    from apps.knowledge.services import collection_create, document_create_from_file
+    from apps.site.management.commands.runstack import worker_argv
+
+    call_command("migrate", verbosity=0)
+    log = data_dir / "worker.log"
+    with log.open("ab") as out:
+        worker = subprocess.Popen(
+            [
+                *worker_argv(sys.executable, concurrency=args.concurrency),
+                "--without-gossip",
+                "--without-mingle",
+            ],
+            cwd=root,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    a = collection_create(team=team_create(name="A"), name="hostile")
+    b = collection_create(team=team_create(name="B"), name="ordinary")
+
+    def upload(collection: Any, name: str, data: bytes) -> tuple[Any, float, str]:
+        cpu = time.thread_time()
+        try:
+            document = document_create_from_file(
+                collection=collection, upload=SimpleUploadedFile(name, data)
+            ).document
+            answer = "202"
+        except Exception as exc:  # what the endpoint would have answered instead
+            document, answer = None, outcome(exc).replace(" ", ":")
+        return document, time.thread_time() - cpu, answer
+
+    def indexed_after(document: Any, started: float) -> float | None:
+        deadline = started + timeout
+        while time.monotonic() < deadline:
+            status = Document.objects.values_list("status", flat=True).get(pk=document.pk)
+            if status in ("indexed", "failed"):
+                return time.monotonic() - started if status == "indexed" else None
+            if worker.poll() is not None:
+                raise SystemExit(f"the worker exited; see {log}")
+            time.sleep(0.05)
+        return None
+
+    try:
+        # Every pool child loads its embedder once: warm them all up, untimed.
+        warm = collection_create(team=team_create(name="warm-up"), name="warm-up")
+        warming = [
+            upload(warm, f"warm-{i}.md", handbook(f"warm{i}").encode())[0]
+            for i in range(4 * args.concurrency)
+        ]
+        for document in warming:
+            indexed_after(document, time.monotonic())
+        alone = []
+        for i in range(5):
+            started = time.monotonic()
+            text = handbook(f"alone{i}").encode()
+            document, _, _ = upload(b, f"handbook-{i}.md", text)
+            alone.append(indexed_after(document, started))
+        # The same number of ordinary documents from another team, for comparison.
+        busy_team = collection_create(team=team_create(name="C"), name="ordinary")
+        started = time.monotonic()
+        backlog = [
+            upload(busy_team, f"c-{path.name}.md", handbook(f"c{path.name}").encode())[0]
+            for path in sorted(corpus_dir.iterdir())
+        ]
+        ordinary, _, _ = upload(b, "handbook-busy.md", handbook("busy").encode())
+        busy = indexed_after(ordinary, started)
+        for document in backlog:
+            indexed_after(document, time.monotonic())
+        started = time.monotonic()
+        files = []
+        for path in sorted(corpus_dir.iterdir()):
+            document, cpu, answer = upload(a, path.name, path.read_bytes())
+            files.append((path.name, document, cpu, answer))
+        ordinary, _, _ = upload(b, "handbook-attacked.md", handbook("attacked").encode())
+        attacked = indexed_after(ordinary, started)
+        result: dict[str, Any] = {
+            "alone": sorted(s for s in alone if s is not None)[2] if None not in alone else None,
+            "attacked": attacked,
+            "busy": busy,
+            "in_flight": settings.INGEST_MAX_IN_FLIGHT,
+            "files": [],
+        }
+        for name, document, cpu, answer in files:
+            ended = "-"
+            if document is not None:
+                document.refresh_from_db()
+                ended = document.status
+                if document.status == "failed":
+                    code = document.error.split(": ", 1)[0]
+                    ended = code if code.isidentifier() else f"failed ({document.error[:40]})"
+                elif document.status in ("queued", "processing"):
+                    held = document.dispatched_at is not None
+                    ended = "still holds a place" if held else "still waiting"
+            result["files"].append({"name": name, "cpu": cpu, "answer": answer, "ended": ended})
+        print(json.dumps(result), flush=True)
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        try:
+            worker.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            worker.wait()
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def tenants(root: Path, corpus_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
+    command = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--tenants-child",
+        str(corpus_dir),
+        "--root",
+        str(root),
+        "--timeout",
+        str(args.timeout),
+        "--embedder",
+        args.embedder,
+        "--broker",
+        args.broker,
+        "--concurrency",
+        str(args.concurrency),
+    ]
+    # Past the attacked run's own timeout, the worker's shutdown and the uploads.
+    done = subprocess.run(command, capture_output=True, text=True, timeout=4 * args.timeout + 120)
+    for line in reversed(done.stdout.splitlines()):
+        with contextlib.suppress(ValueError):
+            return dict(json.loads(line))
+    raise SystemExit(f"the tenants run on {root} printed no result:\n{done.stderr[-3000:]}")
+
+
+def tenants_main(args: argparse.Namespace) -> None:
+    sys.path.insert(0, str(REPO_ROOT))
+    from tests.hostile_files import HOSTILE
+
+    corpus_dir = Path(tempfile.mkdtemp(prefix="abuse-corpus-"))
+    for name, build in HOSTILE.items():
+        (corpus_dir / name).write_bytes(build())
+    runs: list[tuple[str, dict[str, Any]]] = []
+    with checkout(args.ref) if args.ref else contextlib.nullcontext() as ref_root:
+        if ref_root is not None:
+            runs.append((args.ref, tenants(ref_root, corpus_dir, args)))
+        runs.append(("this tree", tenants(REPO_ROOT, corpus_dir, args)))
+    shutil.rmtree(corpus_dir, ignore_errors=True)
+
+    def secs(value: float | None) -> str:
+        return f"> {args.timeout:.0f} s" if value is None else f"{value:.2f} s"
+
+    print(
+        f"one worker (prefork, concurrency {args.concurrency}), broker "
+        f"{args.broker or 'on disk'}, {args.embedder} embedder, {os.cpu_count()} CPUs"
+    )
+    for label, result in runs:
+        alone = result["alone"]
+
+        def ratio(value: float | None, alone: float | None = alone) -> str:
+            return "-" if alone is None or value is None else f"{value / alone:.1f}x"
+
+        print(
+            f"\n{label}: INGEST_MAX_IN_FLIGHT {result['in_flight']}; team B's document "
+            f"alone {secs(alone)}; while team A uploads the corpus {secs(result['attacked'])} "
+            f"({ratio(result['attacked'])}); behind as many ordinary documents of team C "
+            f"{secs(result.get('busy'))} ({ratio(result.get('busy'))})"
+        )
+        print(" | ".join(["A's file", "web CPU per upload", "upload answered", "ended"]))
+        for file in result["files"]:
+            cells = [file["name"], f"{file['cpu'] * 1000:.1f} ms", file["answer"], file["ended"]]
+            print(" | ".join(cells))
+
+
+# -- one team's request flood, another team's first token -------------------------------------
+# ``--burst``: the app as ``runstack`` serves it (``uvicorn config.asgi:application``, one
+# process, started in the tree under test: this one, and with ``--ref`` the older commit)
+# on the embedded default (a fresh SQLite file in a temp data folder; the per-team request
+# limit at its default, REQUEST_RATE_PER_SECOND 20 and REQUEST_BURST 100, where the code
+# has one), the fake embedder, and the fake OpenAI-compatible tier of bench/gateway.py (its
+# own process, zero delay). A setup child in the same tree migrates, creates teams A and
+# B with a key each and ingests demo/corpus/ into a collection of A's.
+#
+#   B        one streaming ``POST /v1/chat/completions`` at a time (``max_tokens`` 1, RAG
+#            and the response cache off), one started every ``--burst-interval`` seconds
+#            (10/s: under B's own limit); TTFT = send -> first content chunk, at the client;
+#   alone    B for ``--burst-seconds`` after ``--burst-warmup`` answers;
+#   flood    team A, from another process (``--burst-flood``), ``--burst-connections``
+#            connections each sending, as fast as answers come back, keyword searches
+#            (``POST /api/v1/search``, mode keyword, a query of ~4,000 characters of the
+#            corpus's words) and listings (collections, conversations) in turn, Retry-After
+#            ignored; B measured again for ``--burst-seconds`` from ``--burst-ramp``
+#            seconds after A started;
+#   web CPU  the uvicorn process's CPU seconds (all threads, bench/gateway.py's
+#            ``cpu_seconds``) per second of each phase.
+
+BURST_SETUP = """
+import io, json, sys
+
+import django
+
+django.setup()
+from django.core.management import call_command
+
+call_command("migrate", verbosity=0)
+keys = {}
+for team in ("A", "B"):
+    call_command("createteam", team, stdout=io.StringIO(), stderr=io.StringIO())
+    out = io.StringIO()
+    call_command("createapikey", team=team, stdout=out)
+    keys[team] = out.getvalue().strip()
+call_command(
+    "ingest", sys.argv[1], team="A", collection="handbook", no_progress=True,
+    stdout=io.StringIO(), stderr=io.StringIO(),
+)
+print(json.dumps(keys))
+"""
+BURST_CORPUS = REPO_ROOT / "demo" / "corpus"
+APP_ARGV = [sys.executable, "-m", "uvicorn", "config.asgi:application"]  # as runstack, one process
+
+
+def burst_query(chars: int = 3_990) -> str:
+    """A keyword query of the corpus's own words, just under MAX_QUERY_CHARS (4,000)."""
+    words = sorted(
+        {w for p in BURST_CORPUS.iterdir() for w in p.read_text().split() if w.isalpha()}
+    )
+    rng, parts, size = random.Random(5), [], 0
+    while size < chars:
+        parts.append(rng.choice(words))
+        size += len(parts[-1]) + 1
+    return " ".join(parts)[:chars]
+
+
+async def flood(url: str, key: str, *, connections: int, seconds: float) -> dict[str, int]:
+    """Team A's requests from ``connections`` connections for ``seconds``: counts by answer."""
+    import httpx
+
+    search = ("POST", "/api/v1/search", {"query": burst_query(), "mode": "keyword"})
+    kinds = [search, ("GET", "/api/v1/collections", None)]
+    kinds += [search, ("GET", "/api/v1/conversations", None)]
+    counts: dict[str, int] = {}
+    deadline = time.monotonic() + seconds
+    limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
+    async with httpx.AsyncClient(
+        base_url=url,
+        headers={"Authorization": f"Bearer {key}"},
+        limits=limits,
+        timeout=httpx.Timeout(60, connect=10),
+    ) as client:
+
+        async def connection(number: int) -> None:
+            for method, path, body in itertools.islice(itertools.cycle(kinds), number, None):
+                if time.monotonic() >= deadline:
+                    return
+                try:
+                    response = await client.request(method, path, json=body)
+                    answer = str(response.status_code)
+                    if response.status_code >= 400:
+                        with contextlib.suppress(ValueError, KeyError, TypeError):
+                            answer += " " + response.json()["error"]["code"]
+                except httpx.HTTPError as exc:
+                    answer = type(exc).__name__
+                counts[answer] = counts.get(answer, 0) + 1
+
+        await asyncio.gather(*(connection(n) for n in range(connections)))
+    return counts
+
+
+def burst_flood(url: str, args: argparse.Namespace) -> None:
+    counts = asyncio.run(
+        flood(
+            url,
+            os.environ["ABUSE_FLOOD_KEY"],
+            connections=args.burst_connections,
+            seconds=args.burst_flood_seconds,
+        )
+    )
+    print(json.dumps(counts), flush=True)
+
+
+def burst_run(root: Path, tier_url: str, log_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """Both phases against the app served from ``root``."""
+    from bench.answer_latency import (
+        Service,
+        app_client,
+        free_port,
+        service_env,
+        stream_direct,
+        wait_ready,
+    )
+    from bench.gateway import cpu_seconds
+
+    data_dir = Path(tempfile.mkdtemp(prefix="abuse-burst-", dir=log_dir))
+    env = service_env(
+        data_dir,
+        EMBEDDER_BACKEND=EMBEDDERS["fake"],
+        INFERENCE_BASE_URL=f"{tier_url}/v1",
+        INFERENCE_RUN_LOCAL="false",
+        LOG_LEVEL="WARNING",
+        PYTHONPATH=str(root),
+    )
+    for name in ("REQUEST_RATE_PER_SECOND", "REQUEST_BURST"):  # the app's defaults
+        env.pop(name, None)
+    setup = subprocess.run(
+        [sys.executable, "-c", BURST_SETUP, str(BURST_CORPUS)],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if setup.returncode != 0:
+        raise SystemExit(f"setting up {root} failed:\n{setup.stderr[-3000:]}")
+    keys = json.loads(setup.stdout.splitlines()[-1])
+    port = free_port()
+    log = data_dir / "app.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [*APP_ARGV, "--host", "127.0.0.1", "--port", str(port)],
+            cwd=root,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    app = Service("app", process, log)
+    url = f"http://127.0.0.1:{port}"
+    body = {
+        "model": "small",
+        "messages": [{"role": "user", "content": "Say yes."}],
+        "max_tokens": 1,
+        "stream": True,
+        "rag": {"enabled": False},
+        "cache": False,
+    }
+
+    def answers(client: Any, *, count: int = 0, seconds: float = 0.0) -> dict[str, Any]:
+        """B's answers, one every ``--burst-interval`` s: ``count`` of them, or for
+        ``seconds``; TTFTs in ms, errors, and the app's CPU seconds per second."""
+        ttfts: list[float] = []
+        errors: list[str] = []
+        cpu, started = cpu_seconds(process.pid), time.monotonic()
+        due = started
+
+        def more() -> bool:
+            if count:
+                return len(ttfts) + len(errors) < count
+            return time.monotonic() - started < seconds
+
+        while more():
+            time.sleep(max(0.0, due - time.monotonic()))
+            due = max(due + args.burst_interval, time.monotonic())
+            try:
+                stream = stream_direct(client, body)
+                if stream.error:
+                    errors.append(stream.error[:80])
+                else:
+                    ttfts.append(stream.ttft * 1000)
+            except Exception as exc:  # the measurement goes on; the table counts it
+                errors.append(f"{type(exc).__name__}: {exc}"[:80])
+        elapsed = time.monotonic() - started
+        cpu_rate = (cpu_seconds(process.pid) - cpu) / elapsed
+        return {"ttft": ttfts, "errors": errors, "cpu": cpu_rate}
+
+    try:
+        wait_ready(app, f"{url}/healthz", timeout=120)
+        with app_client(url, keys["B"]) as client:
+            answers(client, count=args.burst_warmup)
+            alone = answers(client, seconds=args.burst_seconds)
+            flood_env = {**os.environ, "ABUSE_FLOOD_KEY": keys["A"]}
+            flooding = subprocess.Popen(
+                [
+                    *(sys.executable, str(Path(__file__).resolve()), "--burst-flood", url),
+                    *("--burst-connections", str(args.burst_connections)),
+                    *("--burst-flood-seconds", str(args.burst_ramp + args.burst_seconds)),
+                ],
+                env=flood_env,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            time.sleep(args.burst_ramp)
+            attacked = answers(client, seconds=args.burst_seconds)
+            output, _ = flooding.communicate(timeout=120)
+        counts = json.loads(output.splitlines()[-1])
+        if process.poll() is not None:
+            raise SystemExit(f"the app exited:\n{app.tail()}")
+    finally:
+        app.stop()
+    return {
+        "alone": alone,
+        "flood": attacked,
+        "a": counts,
+        "a_seconds": args.burst_ramp + args.burst_seconds,
+    }
+
+
+def burst_main(args: argparse.Namespace) -> None:
+    sys.path.insert(0, str(REPO_ROOT))
+    from bench.admission_latency import percentile
+    from bench.answer_latency import (
+        FAKE_UPSTREAM_CODE,
+        Services,
+        free_port,
+        quiet_gc,
+        wait_ready,
+    )
+
+    log_dir = Path(tempfile.mkdtemp(prefix="abuse-burst-"))
+    services = Services(log_dir)
+    runs: list[tuple[str, dict[str, Any]]] = []
+    load = os.getloadavg()
+    try:
+        tier_port = free_port()
+        argv = [sys.executable, "-c", FAKE_UPSTREAM_CODE, str(tier_port), "0"]
+        tier = services.start("fake-upstream", argv, {**os.environ, "PYTHONUNBUFFERED": "1"})
+        tier_url = f"http://127.0.0.1:{tier_port}"
+        wait_ready(tier, f"{tier_url}/v1/models", timeout=60)
+        quiet_gc()
+        with checkout(args.ref) if args.ref else contextlib.nullcontext() as ref_root:
+            if ref_root is not None:
+                runs.append((args.ref, burst_run(ref_root, tier_url, log_dir, args)))
+            runs.append(("this tree", burst_run(REPO_ROOT, tier_url, log_dir, args)))
+    finally:
+        services.stop_all()
+        shutil.rmtree(log_dir, ignore_errors=True)
+
+    def p(values: list[float], q: float) -> str:
+        return f"{percentile(values, q):.1f}" if values else "-"
+
+    def ratio(result: dict[str, Any], q: float) -> str:
+        alone, flood = result["alone"]["ttft"], result["flood"]["ttft"]
+        return f"{percentile(flood, q) / percentile(alone, q):.1f}x" if alone and flood else "-"
+
+    def a_requests(result: dict[str, Any]) -> str:
+        counts = result["a"]
+        total = sum(counts.values())
+        limited = sum(n for answer, n in counts.items() if answer == "429 rate_limited")
+        return f"{total:,} ({total / result['a_seconds']:.0f}/s), {limited:,} 429 rate_limited"
+
+    rows: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
+        (
+            "B TTFT alone p50 / p99 (ms)",
+            lambda r: f"{p(r['alone']['ttft'], 50)} / {p(r['alone']['ttft'], 99)}",
+        ),
+        (
+            "B TTFT under A's flood p50 / p99 (ms)",
+            lambda r: f"{p(r['flood']['ttft'], 50)} / {p(r['flood']['ttft'], 99)}",
+        ),
+        ("ratio flood / alone, p50 / p99", lambda r: f"{ratio(r, 50)} / {ratio(r, 99)}"),
+        (
+            "B answers alone / under flood (errors)",
+            lambda r: " / ".join(
+                f"{len(r[k]['ttft'])} ({len(r[k]['errors'])})" for k in ("alone", "flood")
+            ),
+        ),
+        ("A's requests", a_requests),
+        (
+            "A's other answers",
+            lambda r: (
+                ", ".join(
+                    f"{n:,} {answer}"
+                    for answer, n in sorted(r["a"].items())
+                    if answer != "429 rate_limited"
+                )
+                or "-"
+            ),
+        ),
+        (
+            "web CPU s/s alone / under flood",
+            lambda r: f"{r['alone']['cpu']:.2f} / {r['flood']['cpu']:.2f}",
+        ),
+    ]
+    print(
+        f"{os.cpu_count()} CPUs, load average {load[0]:.2f} {load[1]:.2f} at the start; "
+        f"B one answer every {args.burst_interval:g} s, {args.burst_seconds:g} s per phase; "
+        f"A {args.burst_connections} connections"
+    )
+    print(" | ".join(["", *(label for label, _ in runs)]))
+    for name, cell in rows:
+        print(" | ".join([name, *(cell(result) for _, result in runs)]))
+    for label, result in runs:
+        for phase in ("alone", "flood"):
+            if result[phase]["errors"]:
+                print(
+                    f"{label}, B {phase}: first errors {sorted(set(result[phase]['errors']))[:3]}"
+                )
+
+
 # -- running --------------------------------------------------------------------------------
 
 
@@ -512,21 +1073,19 @@ def measure(index: int, *, root: Path, args: argparse.Namespace) -> dict[str, An
 
 @contextlib.contextmanager
 def checkout(rev: str) -> Iterator[Path]:
-    """The tree at ``rev`` in a temp folder (a detached ``git worktree``), removed after."""
+    """The tree at ``rev`` in a temp folder (``git archive``, which leaves the repository
+    as it was), removed after."""
     folder = Path(tempfile.mkdtemp(prefix="abuse-ref-")) / "tree"
-    subprocess.run(
-        [GIT, "worktree", "add", "--detach", "--quiet", str(folder), rev],
-        cwd=REPO_ROOT,
-        check=True,
+    folder.mkdir()
+    archive = subprocess.run(
+        [GIT, "archive", "--format=tar", rev], cwd=REPO_ROOT, check=True, capture_output=True
     )
+    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+        tar.extractall(folder, filter="data")
     try:
         yield folder
     finally:
-        subprocess.run(
-            [GIT, "worktree", "remove", "--force", str(folder)], cwd=REPO_ROOT, check=False
-        )
-        with contextlib.suppress(OSError):
-            folder.parent.rmdir()
+        shutil.rmtree(folder.parent, ignore_errors=True)
 
 
 def seconds_text(result: dict[str, Any]) -> str:
@@ -556,9 +1115,46 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=60, help="seconds per case (60)")
     parser.add_argument("--trace-below", type=float, default=20, help="tracemalloc when faster")
     parser.add_argument("--memory-limit", type=int, default=4096, help="MiB per child (4096)")
+    parser.add_argument(
+        "--tenants",
+        action="store_true",
+        help="team A uploads the hostile corpus through a real worker; team B's delay",
+    )
+    parser.add_argument(
+        "--embedder", choices=sorted(EMBEDDERS), default="fake", help="for --tenants (fake)"
+    )
+    parser.add_argument("--broker", default="", help="for --tenants: a Redis URL (on disk)")
+    parser.add_argument("--concurrency", type=int, default=1, help="for --tenants: pool size")
+    parser.add_argument(
+        "--burst",
+        action="store_true",
+        help="team A floods the web process with requests; team B's time to first token",
+    )
+    parser.add_argument("--burst-seconds", type=float, default=20, help="per phase (20)")
+    parser.add_argument("--burst-connections", type=int, default=32, help="A's connections")
+    parser.add_argument("--burst-interval", type=float, default=0.1, help="between B's answers")
+    parser.add_argument("--burst-warmup", type=int, default=20, help="B's answers first, untimed")
+    parser.add_argument("--burst-ramp", type=float, default=2, help="A's head start (seconds)")
+    parser.add_argument("--burst-flood", help=argparse.SUPPRESS)
+    parser.add_argument("--burst-flood-seconds", type=float, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--tenants-child", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--root", type=Path, default=REPO_ROOT, help=argparse.SUPPRESS)
     args = parser.parse_args()
+
+    if args.tenants_child is not None:
+        sys.path.insert(0, str(args.root))
+        tenants_child(args.root, args.tenants_child, args)
+        return
+    if args.tenants:
+        tenants_main(args)
+        return
+    if args.burst_flood:
+        burst_flood(args.burst_flood, args)
+        return
+    if args.burst:
+        burst_main(args)
+        return
 
     if args.child is not None:
         limit = args.memory_limit * MIB

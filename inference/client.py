@@ -43,6 +43,7 @@ from inference.errors import (
     InferenceError,
     InferenceTimeout,
     InferenceUnavailable,
+    Interrupted,
     UpstreamProtocolError,
     UpstreamRateLimited,
     UpstreamRejected,
@@ -106,10 +107,28 @@ class ChatRequest:
     reasoning_opened: bool = False
     """The chat template opens the thinking block in the prompt (DeepSeek-R1 style): the
     output starts inside it and only a closing ``</think>`` shows."""
+    cache_salt: str | None = field(default=None, repr=False)
+    """vLLM's ``cache_salt``: prefix-cache blocks are shared only between requests with
+    the same salt, so one tenant's prompts cannot be probed through another's cache hits.
+    Set only for servers that take it (see ``registry.CACHE_SALT_SERVERS``)."""
 
-    def for_model(self, *, model: str, max_tokens: int, reasoning_opened: bool) -> ChatRequest:
-        """The same request for another served model (a fallback alias's)."""
-        return replace(self, model=model, max_tokens=max_tokens, reasoning_opened=reasoning_opened)
+    def for_model(
+        self,
+        *,
+        model: str,
+        max_tokens: int,
+        reasoning_opened: bool,
+        cache_salt: str | None = None,
+    ) -> ChatRequest:
+        """The same request for another served model (a fallback alias's), salted for
+        that model's server or not (``cache_salt``)."""
+        return replace(
+            self,
+            model=model,
+            max_tokens=max_tokens,
+            reasoning_opened=reasoning_opened,
+            cache_salt=cache_salt,
+        )
 
     def body(self) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -122,6 +141,8 @@ class ChatRequest:
         }
         if self.temperature is not None:
             body["temperature"] = self.temperature
+        if self.cache_salt is not None:
+            body["cache_salt"] = self.cache_salt
         return body
 
 
@@ -212,7 +233,7 @@ class OpenAIClient:
         try:
             response = await self._http.get("models")
         except httpx.HTTPError as exc:
-            raise InferenceUnavailable(f"inference tier unreachable: {exc!r}") from exc
+            raise transport_failure(exc) from exc
         if response.status_code != 200:
             raise upstream_error(response.status_code, response.text, response.headers)
         data = response.json().get("data", [])
@@ -229,7 +250,7 @@ class OpenAIClient:
         try:
             response = await self._http.post(f"{root}/api/show", json={"model": served_name})
         except httpx.HTTPError as exc:
-            raise InferenceUnavailable(f"inference tier unreachable: {exc!r}") from exc
+            raise transport_failure(exc) from exc
         if response.status_code != 200:
             return None  # not Ollama (or not this model): the tier does not say
         try:
@@ -239,18 +260,23 @@ class OpenAIClient:
         return ollama_context_window(show, model=served_name) if isinstance(show, dict) else None
 
     async def stream_chat(
-        self, request: ChatRequest, *, retry: Retry | None = None
+        self,
+        request: ChatRequest,
+        *,
+        retry: Retry | None = None,
+        interrupt: Interrupt | None = None,
     ) -> AsyncGenerator[Event]:
         """Events of one generation; retried transparently until the first one arrives.
         ``retry`` replaces the client's policy for this call (one attempt, when another
-        upstream can take the request instead)."""
+        upstream can take the request instead); ``interrupt`` ends a wait for the tier
+        from outside (:class:`Interrupted`)."""
         retry = retry or self.retry
         deadline = time.monotonic() + self.timeouts.total
         attempt = 0
         while True:
             started = False
             try:
-                async with aclosing(self._attempt(request, deadline)) as events:
+                async with aclosing(self._attempt(request, deadline, interrupt)) as events:
                     async for event in events:
                         started = True
                         yield event
@@ -276,7 +302,9 @@ class OpenAIClient:
             extensions=self._chat_extensions,
         )
 
-    async def _attempt(self, request: ChatRequest, deadline: float) -> AsyncGenerator[Event]:
+    async def _attempt(
+        self, request: ChatRequest, deadline: float, interrupt: Interrupt | None
+    ) -> AsyncGenerator[Event]:
         splitter = ThinkSplitter(opened=request.reasoning_opened)
         try:
             async with AsyncExitStack() as stack:
@@ -300,11 +328,13 @@ class OpenAIClient:
                     limit = self.timeouts.first_token if first else self.timeouts.idle
                     limit = min(limit, deadline - time.monotonic())
                     try:
-                        async with asyncio.timeout(max(limit, 0)):
-                            read = await anext(reads)
+                        async with asyncio.timeout(max(limit, 0)) as timer:
+                            read = await _read(reads, timer, interrupt)
                     except StopAsyncIteration:
                         read = None
                     except TimeoutError:
+                        if interrupt is not None and interrupt.requested:
+                            raise Interrupted("the stream was stopped") from None
                         what = "first token" if first else "next token"
                         raise InferenceTimeout(f"no {what} within {limit:.1f}s") from None
                     last_read = time.monotonic()
@@ -330,13 +360,62 @@ class OpenAIClient:
                 await _drain(reads)
                 for kind, text in splitter.flush():
                     yield ReasoningDelta(text) if kind == "reasoning" else TextDelta(text)
-        except httpx.TimeoutException as exc:
-            raise InferenceTimeout(f"inference tier timed out: {exc!r}") from exc
         except httpx.HTTPError as exc:
-            raise InferenceUnavailable(f"inference tier connection failed: {exc!r}") from exc
+            raise transport_failure(exc) from exc
+
+
+class Interrupt:
+    """Stops a stream's wait for the tier from outside it, at once: a cancel asked while
+    the tier prefills or stalls would otherwise wait for the next token. Calling it ends
+    the read under way (the stream raises :class:`Interrupted`), or the next one."""
+
+    __slots__ = ("_timer", "requested")
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._timer: asyncio.Timeout | None = None
+
+    def __call__(self) -> None:
+        self.requested = True
+        if self._timer is not None:  # the read's own timeout, brought forward to now
+            self._timer.reschedule(asyncio.get_running_loop().time())
+
+
+async def _read(
+    reads: AsyncIterator[bytes], timer: asyncio.Timeout, interrupt: Interrupt | None
+) -> bytes:
+    if interrupt is None:
+        return await anext(reads)
+    if interrupt.requested:
+        raise Interrupted("the stream was stopped")
+    interrupt._timer = timer
+    try:
+        return await anext(reads)
+    finally:
+        interrupt._timer = None
 
 
 MAX_LINE_BYTES = 8 * 1024 * 1024  # a 2 MB token passes; a 10 MB line is refused
+
+# How each transport failure is named to the caller, most specific first.
+_TRANSPORT_FAILURES: tuple[tuple[type[httpx.HTTPError], str], ...] = (
+    (httpx.ConnectTimeout, "the connection timed out"),
+    (httpx.TimeoutException, "it did not answer in time"),
+    (httpx.ConnectError, "the connection was refused or failed"),
+    (httpx.RemoteProtocolError, "the connection broke off"),
+    (httpx.UnsupportedProtocol, "its URL is not usable"),
+    (httpx.HTTPError, "the connection failed"),
+)
+
+
+def transport_failure(exc: httpx.HTTPError) -> InferenceError:
+    """The error a transport failure means, named by its kind only: the exception's text
+    holds the upstream's host and address, which the log keeps and the caller never sees
+    (the caller learns the alias, not where it is served)."""
+    what = next(text for kind, text in _TRANSPORT_FAILURES if isinstance(exc, kind))
+    logger.info("inference tier transport failure: %r", exc)
+    error = InferenceTimeout if isinstance(exc, httpx.TimeoutException) else InferenceUnavailable
+    return error(f"The inference tier could not be reached: {what}.")
 
 
 async def _drain(reads: AsyncIterator[bytes], seconds: float = 1.0) -> None:
@@ -431,7 +510,9 @@ def _json(payload: str) -> dict[str, Any]:
     try:
         value = orjson.loads(payload)
     except orjson.JSONDecodeError as exc:
-        raise UpstreamProtocolError(f"malformed JSON in the stream: {payload[:200]!r}") from exc
+        # Its size, never its text: the line may hold the answer (or the prompt echoed).
+        size = len(payload.encode("utf-8", "replace"))
+        raise UpstreamProtocolError(f"malformed JSON in the stream (a {size}-byte line)") from exc
     if not isinstance(value, dict):
         raise UpstreamProtocolError("a stream chunk is not a JSON object")
     return value

@@ -9,11 +9,29 @@ class InferenceError(Exception):
     code = "inference_error"
     status = 502
 
-    def __init__(self, message: str, *, code: str | None = None, retry_after: float | None = None):
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str | None = None,
+        retry_after: float | None = None,
+        alias: str | None = None,
+    ):
         super().__init__(message)
         if code is not None:
             self.code = code
         self.retry_after = retry_after
+        self.alias = alias
+        """The model alias that failed (set by :class:`inference.Failover`): what a caller
+        may be told, where the upstream's URL may not."""
+
+
+class Interrupted(InferenceError):
+    """The caller stopped the stream while it waited for the tier (:class:`Interrupt`): not
+    the tier's fault, nothing to retry or fail over."""
+
+    code = "cancelled"
+    status = 499
 
 
 class InferenceUnavailable(InferenceError):

@@ -18,8 +18,13 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 
 from inference.breaker import CircuitBreaker
-from inference.client import ChatRequest, Event, OpenAIClient, Retry
-from inference.errors import InferenceTimeout, InferenceUnavailable, UpstreamRateLimited
+from inference.client import ChatRequest, Event, Interrupt, OpenAIClient, Retry
+from inference.errors import (
+    InferenceError,
+    InferenceTimeout,
+    InferenceUnavailable,
+    UpstreamRateLimited,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +78,10 @@ class Failover:
         half-open one); :class:`AllUpstreamsDown` when none does."""
         found = await self._next_allowed(0)
         if found is None:
-            raise AllUpstreamsDown("Every inference upstream for this model is failing.")
+            raise AllUpstreamsDown(
+                "Every inference upstream for this model is failing.",
+                alias=self.targets[0].alias,
+            )
         self._index = found
         self.current = self.targets[found]
         return self.current
@@ -87,10 +95,16 @@ class Failover:
             logger.info("upstream %s skipped: its circuit is open", upstream)
         return None
 
-    async def stream(self, *, switch: Callable[[Target], Awaitable[None]]) -> AsyncIterator[Event]:
+    async def stream(
+        self,
+        *,
+        switch: Callable[[Target], Awaitable[None]],
+        interrupt: Interrupt | None = None,
+    ) -> AsyncIterator[Event]:
         """Events from :attr:`current` (taken by :meth:`first`), moving on to the next
         allowed target after a failure before the first event; ``switch`` is awaited
-        before each move (to hold a slot at the new upstream)."""
+        before each move (to hold a slot at the new upstream). ``interrupt`` stops a wait
+        for the tier from outside (:class:`~inference.client.Interrupt`)."""
         index = self._index
         while True:
             target = self.current = self.targets[index]
@@ -101,7 +115,9 @@ class Failover:
                 # Closed as soon as this generator is (the client left): closing the
                 # connection is what stops the tier generating.
                 async with aclosing(
-                    self._client(target).stream_chat(target.request, retry=retry)
+                    self._client(target).stream_chat(
+                        target.request, retry=retry, interrupt=interrupt
+                    )
                 ) as stream:
                     async for event in stream:
                         if not started:
@@ -113,8 +129,9 @@ class Failover:
                     self.served = target
                     await self.breaker.success(target.upstream)
                 return
-            except (*FAULTS, UpstreamRateLimited) as exc:
-                if started:
+            except InferenceError as exc:
+                exc.alias = target.alias  # what the caller is told failed (never where)
+                if started or not isinstance(exc, (*FAULTS, UpstreamRateLimited)):
                     raise
                 if isinstance(exc, FAULTS):
                     await self.breaker.failure(target.upstream)

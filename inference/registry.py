@@ -3,7 +3,8 @@
 One entry per alias (``small``, ``large``…): the upstreams that serve it (base URLs of
 OpenAI-compatible servers), the name they serve it under, its context window (None: read
 from the tier), the most concurrent requests each upstream takes, its tokenizer, the alias
-to fall back to, the API key, prices and energy. :func:`registry_parse` reads and checks
+to fall back to, the API key, prices and energy, and what server the upstreams run (only
+vLLM takes a per-tenant ``cache_salt``). :func:`registry_parse` reads and checks
 the JSON form (``INFERENCE_MODELS``); the app reads its settings once and hands the
 :class:`Registry` down. Nothing here imports Django.
 
@@ -47,9 +48,16 @@ FIELDS = frozenset(
         "price",
         "energy",
         "reasoning_opened",
+        "server",
     }
 )
 PRICE_FIELDS = frozenset({"input", "cached_input", "output"})
+SERVERS = ("llama.cpp", "vllm", "ollama", "tgi", "triton", "other")
+"""What an entry's upstreams run (``server``); ``other``: any OpenAI-compatible server."""
+CACHE_SALT_SERVERS = frozenset({"vllm"})
+"""Servers that take a ``cache_salt`` request field and keep each salt's prefix cache
+apart (vLLM 0.9+): the only ones whose ``cached_tokens`` cannot count another tenant's
+prompt."""
 DEFAULT_MAX_OUTPUT_TOKENS = 512
 
 
@@ -100,6 +108,17 @@ class ModelEntry:
     """Wh per 1000 tokens."""
     reasoning_opened: bool = False
     """The chat template opens the thinking block in the prompt (DeepSeek-R1)."""
+    server: str = "other"
+    """What the upstreams run (one of :data:`SERVERS`)."""
+
+    def __post_init__(self) -> None:
+        if self.server not in SERVERS:
+            raise RegistryError(f"{self.alias}.server: one of {list(SERVERS)}")
+
+    @property
+    def takes_cache_salt(self) -> bool:
+        """Whether its upstreams isolate each tenant's prefix cache by a ``cache_salt``."""
+        return self.server in CACHE_SALT_SERVERS
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,6 +245,7 @@ def _entry(alias: str, fields: object, *, data_dir: str | Path | None) -> ModelE
         price=_price(alias, fields.get("price")),
         energy=_number(alias, "energy", fields.get("energy")),
         reasoning_opened=bool(fields.get("reasoning_opened", False)),
+        server=str(fields.get("server", "other")),
     )
 
 

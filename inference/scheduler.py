@@ -916,7 +916,9 @@ class RedisScheduler:
         try:
             return await script(keys=self._keys, args=[*argv, *args])
         except RedisError as exc:
-            raise SchedulerUnavailable(f"Redis is unreachable: {exc}") from exc
+            # Redis's text names its address: the log keeps it, the caller reads the kind.
+            logger.warning("the queue's Redis failed: %r", exc)
+            raise SchedulerUnavailable(f"Redis is unreachable ({type(exc).__name__}).") from exc
 
     async def _shielded(self, work: Coroutine[Any, Any, R]) -> R:
         """Run clean-up to the end even if the caller is cancelled again meanwhile."""

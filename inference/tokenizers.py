@@ -29,6 +29,7 @@ import atexit
 import functools
 import importlib
 import importlib.util
+import logging
 import re
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -39,6 +40,8 @@ from typing import Any, Protocol, TypedDict, runtime_checkable
 import httpx
 
 from inference.errors import TokenizerUnavailable
+
+logger = logging.getLogger(__name__)
 
 
 class ChatMessage(TypedDict):
@@ -447,7 +450,11 @@ class RemoteTokenizer:
             response.raise_for_status()
             return int(response.json()["count"])
         except (httpx.HTTPError, KeyError, ValueError) as exc:
-            raise TokenizerUnavailable(f"the tier could not count tokens: {exc!r}") from exc
+            # The kind of failure only: httpx's text names the tier's host (the log keeps it).
+            logger.warning("the tier's /tokenize failed: %r", exc)
+            raise TokenizerUnavailable(
+                f"the tier could not count tokens ({type(exc).__name__})"
+            ) from exc
 
     def escape(self, text: str) -> str:
         return escape_control_tokens(text)

@@ -4,6 +4,7 @@ indexes, and their fusion.
 Nothing here imports Django; the apps call this package, never the reverse.
 """
 
+from retrieval.bounded import parse_document_bounded
 from retrieval.chunking import Chunk, chunk_document, embedding_text
 from retrieval.embedders import (
     Embedder,
@@ -30,7 +31,13 @@ from retrieval.index import (
     kind_for_size,
     set_search_threads,
 )
-from retrieval.keyword import KeywordIndex, KeywordSearcher, keyword_tokens
+from retrieval.keyword import (
+    KeywordIndex,
+    KeywordQuery,
+    KeywordSearcher,
+    keyword_query,
+    keyword_tokens,
+)
 from retrieval.parsing import (
     MEDIA_TYPES,
     Block,
@@ -59,6 +66,7 @@ __all__ = [
     "IndexState",
     "IndexStore",
     "KeywordIndex",
+    "KeywordQuery",
     "KeywordSearcher",
     "ParsedDocument",
     "RetrievalError",
@@ -73,10 +81,12 @@ __all__ = [
     "embedding_text",
     "fusion_depth",
     "gpu_count",
+    "keyword_query",
     "keyword_tokens",
     "kind_for_size",
     "load_embedder",
     "parse_document",
+    "parse_document_bounded",
     "pdf_page_count",
     "reciprocal_rank_fusion",
     "remove_entry",

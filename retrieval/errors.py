@@ -14,11 +14,19 @@ class IndexCorrupted(RetrievalError):
 
 
 class UnsupportedDocument(RetrievalError):
-    """The bytes given are not a document of the declared type, or not one we can read."""
+    """The bytes given are not a document of the declared type, or not one we can read.
+
+    ``code`` names the failure for the document's ``error`` (``unsupported_document``, or
+    ``parser_crashed`` when the parser's process died on the file)."""
+
+    def __init__(self, message: str, *, code: str = "unsupported_document") -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class DocumentTooLarge(RetrievalError):
-    """The document exceeds a configured limit (pages, characters, chunks)."""
+    """The document exceeds a configured limit (pages, characters, HTML elements, chunks,
+    the parser's time or memory)."""
 
     def __init__(self, message: str, *, code: str) -> None:
         super().__init__(message)

@@ -35,6 +35,7 @@ import json
 import logging
 import math
 import os
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,6 +80,28 @@ def keyword_tokens(texts: Sequence[str]) -> list[list[str]]:
         show_progress=False,
     )
     return tokens
+
+
+@dataclass(frozen=True)
+class KeywordQuery:
+    """A query as BM25 scores it: each distinct term once, with how often it occurs."""
+
+    terms: tuple[str, ...]
+    counts: tuple[int, ...]
+
+
+def keyword_query(text: str, *, max_terms: int | None = None) -> KeywordQuery:
+    """``text``'s distinct terms in order of first use, each with its count, the first
+    ``max_terms`` only (None: all).
+
+    A query's scoring work is one pass over the postings of each distinct term, so a
+    question pasted at many times the context window (or one word repeated) costs at most
+    ``max_terms`` passes. A term used n times still weighs n times, as bm25s sums each
+    occurrence: within the cap, scores are unchanged.
+    """
+    counts = Counter(keyword_tokens([text])[0])  # insertion order: first use
+    kept = list(counts.items())[:max_terms] if max_terms is not None else list(counts.items())
+    return KeywordQuery(tuple(term for term, _ in kept), tuple(count for _, count in kept))
 
 
 class KeywordIndex:
@@ -214,9 +237,10 @@ class KeywordIndex:
         arrays = (self._ids, self.lengths, self.indptr, self.rows, self.tfs)
         return sum(array.nbytes for array in arrays) + 64 * len(self.vocabulary)
 
-    def search(self, query: str, k: int, *, allowed: Ids | None = None) -> list[Hit]:
+    def search(self, query: str | KeywordQuery, k: int, *, allowed: Ids | None = None) -> list[Hit]:
         """The ``k`` best chunks holding at least one of the query's terms, best first.
 
+        ``query``: text, or its terms from :func:`keyword_query` (where a cap applies).
         ``allowed``: only these chunk ids may be returned; the mask applies to every
         chunk's score before the top ``k`` are taken.
         """
@@ -296,13 +320,13 @@ class KeywordSearcher:
     def __len__(self) -> int:
         return self._count
 
-    def search(self, query: str, k: int, *, allowed: Ids | None = None) -> list[Hit]:
+    def search(self, query: str | KeywordQuery, k: int, *, allowed: Ids | None = None) -> list[Hit]:
         if not self._count or k <= 0:
             return []
-        tokens = keyword_tokens([query])[0]
+        terms = keyword_query(query) if isinstance(query, str) else query
         scores = [np.zeros(len(part.index), dtype=np.float32) for part in self._parts]
-        # Each query token counts once per occurrence, as in bm25s (its scores summed).
-        for token in tokens:
+        # Each distinct term is looked up once and weighs as often as the query uses it.
+        for token, count in zip(terms.terms, terms.counts, strict=True):
             postings: list[tuple[npt.NDArray[np.int32], npt.NDArray[np.float32]] | None] = []
             frequency = 0
             for part in self._parts:
@@ -313,7 +337,7 @@ class KeywordSearcher:
                     frequency += len(rows) if part.alive is None else int(part.alive[rows].sum())
             if not frequency:
                 continue
-            idf = math.log(1 + (self._count - frequency + 0.5) / (frequency + 0.5))
+            idf = count * math.log(1 + (self._count - frequency + 0.5) / (frequency + 0.5))
             for part, found, score in zip(self._parts, postings, scores, strict=True):
                 if found is not None:
                     rows, tfs = found

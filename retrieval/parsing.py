@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePath
 from typing import Any, TypedDict
 
-from retrieval.errors import DocumentTooLarge, UnsupportedDocument
+from retrieval.errors import DocumentTooLarge, RetrievalError, UnsupportedDocument
 
 TEXT = "text/plain"
 MARKDOWN = "text/markdown"
@@ -90,14 +90,29 @@ def detect_media_type(filename: str, head: bytes) -> str:
 
 
 def pdf_page_count(data: bytes) -> int:
-    """Pages in a PDF, read from its page tree without extracting any text."""
+    """Pages in a PDF, read from its page tree without extracting any text.
+
+    Pure-Python work on untrusted bytes: call it where parsing runs (the worker's parse
+    stage, bounded in time and memory), never in the web process.
+    """
     from pypdf import PdfReader
-    from pypdf.errors import PdfReadError
 
     try:
         return len(PdfReader(io.BytesIO(data)).pages)
-    except (PdfReadError, ValueError, KeyError) as exc:
-        raise UnsupportedDocument(f"not a readable PDF: {exc}") from exc
+    except MemoryError:
+        raise
+    except Exception as exc:  # any error a broken file raises means "unreadable"
+        raise _unreadable("PDF", exc) from exc
+
+
+def _unreadable(kind: str, exc: BaseException) -> UnsupportedDocument:
+    """The error for a file the parser failed on: pypdf raises far more than its own
+    ``PyPdfError`` tree (``RecursionError`` on deep nesting, ``ValueError``, ``TypeError``,
+    ``KeyError``, ``AssertionError``…), and every one of them means the same here."""
+    if isinstance(exc, RecursionError):
+        return UnsupportedDocument(f"not a readable {kind}: its objects are nested too deeply")
+    detail = str(exc)[:200] or type(exc).__name__
+    return UnsupportedDocument(f"not a readable {kind}: {detail}")
 
 
 def parse_document(
@@ -107,13 +122,35 @@ def parse_document(
     title: str,
     max_pages: int | None = None,
     max_chars: int | None = None,
+    max_html_elements: int | None = None,
 ) -> ParsedDocument:
     """Blocks of ``data`` in time and memory linear in its size.
 
     Raises :class:`DocumentTooLarge` (``too_many_pages``) for a PDF of more than
-    ``max_pages`` pages before reading any page, and (``document_too_large``) past
-    ``max_chars`` characters of text; a PDF stops being read at the page that passes it.
+    ``max_pages`` pages before reading any page, (``document_too_large``) past
+    ``max_chars`` characters of text (a PDF stops being read at the page that passes it),
+    and (``too_many_elements``) for HTML of more than ``max_html_elements`` elements before
+    building its tree. Any other failure on the file, whatever the parser raised, is
+    :class:`UnsupportedDocument`; only ``MemoryError`` passes through as itself. Untrusted
+    files go through :func:`retrieval.bounded.parse_document_bounded`, which also bounds
+    the time and memory this takes.
     """
+    try:
+        return _parse(data, media_type, title, max_pages, max_chars, max_html_elements)
+    except (RetrievalError, MemoryError):
+        raise
+    except Exception as exc:  # see _unreadable
+        raise _unreadable("PDF" if media_type == PDF else "document", exc) from exc
+
+
+def _parse(
+    data: bytes,
+    media_type: str,
+    title: str,
+    max_pages: int | None,
+    max_chars: int | None,
+    max_html_elements: int | None,
+) -> ParsedDocument:
     if media_type == PDF:
         return _parse_pdf(data, title=title, max_pages=max_pages, max_chars=max_chars)
     try:
@@ -123,6 +160,8 @@ def parse_document(
     if media_type == MARKDOWN:
         document = _parse_markdown(text, title=title)
     elif media_type == HTML:
+        if max_html_elements is not None:
+            _check_html_elements(text, max_html_elements)
         document = _parse_html(text, title=title)
     elif media_type == TEXT:
         document = ParsedDocument(title=title, blocks=[Block(p) for p in _paragraphs(text)])
@@ -219,6 +258,22 @@ _HTML_HEADINGS = ("h1", "h2", "h3", "h4", "h5", "h6")
 _HTML_BLOCKS = ("p", "li", "pre", "blockquote", "td", "th", "dt", "dd", "figcaption")
 
 
+_START_TAG = re.compile(r"<[A-Za-z]")
+
+
+def _check_html_elements(text: str, limit: int) -> None:
+    """Refuse markup of more than ``limit`` start tags before building its tree: the tree
+    costs far more memory per element than the bytes that open one (``<b>`` is 3 bytes).
+    Tags inside comments and scripts count too, so the count is an upper bound; the scan
+    stops at the first tag past the limit."""
+    for count, _ in enumerate(_START_TAG.finditer(text), start=1):
+        if count > limit:
+            raise DocumentTooLarge(
+                f"the HTML has more than {limit} elements; the limit is {limit}",
+                code="too_many_elements",
+            )
+
+
 def _parse_html(text: str, *, title: str) -> ParsedDocument:
     from bs4 import BeautifulSoup, Tag
 
@@ -257,14 +312,29 @@ def _parse_html(text: str, *, title: str) -> ParsedDocument:
     return ParsedDocument(title=title, blocks=blocks)
 
 
+def _declared_page_count(reader: Any) -> int | None:
+    """``/Count`` of the page tree's root, if it is a number; None when it is missing."""
+    try:
+        count = reader.trailer["/Root"]["/Pages"]["/Count"]
+    except (KeyError, TypeError, AttributeError):
+        return None
+    return count if isinstance(count, int) else None
+
+
 def _parse_pdf(
     data: bytes, *, title: str, max_pages: int | None, max_chars: int | None
 ) -> ParsedDocument:
     from pypdf import PdfReader
-    from pypdf.errors import PdfReadError
 
     try:
         reader = PdfReader(io.BytesIO(data))
+        # The count the root declares first: a tree that repeats one subtree a thousand
+        # times at each level is walked until pypdf's own entry limit stops it.
+        declared = _declared_page_count(reader)
+        if max_pages is not None and declared is not None and declared > max_pages:
+            raise DocumentTooLarge(
+                f"the PDF has {declared} pages; the limit is {max_pages}", code="too_many_pages"
+            )
         page_count = len(reader.pages)  # from the page tree; no page is read yet
         if max_pages is not None and page_count > max_pages:
             raise DocumentTooLarge(
@@ -280,6 +350,8 @@ def _parse_pdf(
                 chars += len(paragraph)
             if max_chars is not None and chars > max_chars:
                 raise _too_many_chars(chars, max_chars, more=number < page_count)
-    except (PdfReadError, ValueError, KeyError) as exc:
-        raise UnsupportedDocument(f"not a readable PDF: {exc}") from exc
+    except (RetrievalError, MemoryError):
+        raise
+    except Exception as exc:  # see _unreadable
+        raise _unreadable("PDF", exc) from exc
     return ParsedDocument(title=title, blocks=blocks, page_count=page_count)

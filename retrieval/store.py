@@ -45,7 +45,7 @@ from retrieval.index import (
     ivf_lists,
     kind_for_size,
 )
-from retrieval.keyword import KeywordIndex, KeywordSearcher
+from retrieval.keyword import KeywordIndex, KeywordQuery, KeywordSearcher
 
 logger = logging.getLogger(__name__)
 
@@ -169,7 +169,9 @@ class SegmentedIndex:
             for rows in zip(*found, strict=True)
         ]
 
-    def keyword_search(self, query: str, k: int, *, allowed: Ids | None = None) -> list[Hit]:
+    def keyword_search(
+        self, query: str | KeywordQuery, k: int, *, allowed: Ids | None = None
+    ) -> list[Hit]:
         if self._keywords is None:
             self._keywords = KeywordSearcher(
                 [(s.keywords, dead) for s, dead in zip(self.segments, self.dead, strict=True)]

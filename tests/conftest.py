@@ -48,12 +48,30 @@ def _limiter_keys(settings: Any) -> None:
 
 
 @pytest.fixture(autouse=True)
+def _key_probes() -> None:
+    """Every client of a test shares one address: each test starts with its failed-key
+    allowance whole (in Redis, the test's key prefix already keeps them apart)."""
+    from apps.accounts.probes import local_probe_buckets
+
+    local_probe_buckets().clear()
+
+
+@pytest.fixture(autouse=True)
 def _limits_cache() -> None:
     """Rows a test rolled back send no signal, and the next test's team may get the same
     id: each test starts with no limits cached."""
     from apps.usage.budgets import limits_cache
 
     limits_cache.clear()
+
+
+@pytest.fixture(autouse=True)
+def _request_buckets() -> None:
+    """This process's request buckets are keyed by team id, which the next test may reuse:
+    each test starts with full buckets (Redis keeps them under the test's own prefix)."""
+    from apps.usage.request_rate import local_buckets
+
+    local_buckets.clear()
 
 
 def reachable_redis_url() -> str:
@@ -105,6 +123,18 @@ def client_for(secret: str) -> APIClient:
 def api(issued_key: IssuedKey) -> APIClient:
     """An API client with a full-scope key of ``team``."""
     return client_for(issued_key.secret)
+
+
+@pytest.fixture
+def owner_api(team: Team, django_user_model: Any) -> APIClient:
+    """A client with a full-scope key of an owner of ``team``: deleting collections and
+    documents needs an owner or admin (``api``'s key, of no user, acts as a member)."""
+    from apps.accounts.models import Membership
+    from apps.accounts.services import membership_add
+
+    user = django_user_model.objects.create_user("team-owner", password="a-long-password-1")
+    membership_add(team=team, user=user, role=Membership.Role.OWNER)
+    return client_for(api_key_create(team=team, name="owner", user=user).secret)
 
 
 @pytest.fixture

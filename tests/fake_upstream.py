@@ -43,6 +43,8 @@ class Script:
     drop_after: int | None = None
     stall_after: int | None = None
     malformed_after: int | None = None
+    malformed_line: bytes = b"data: {not json\n\n"
+    """What ``malformed_after`` sends (a line that may carry answer text, cut short)."""
     finish_reason: str = "stop"
     emit_max_tokens: bool = False
     paced: bool = False
@@ -60,6 +62,10 @@ class Script:
     api_key: str | None = None
     """When set, a request without ``Authorization: Bearer <api_key>`` gets 401 (vLLM's
     ``--api-key``)."""
+    prefix_cache: bool = False
+    """vLLM's automatic prefix caching: a request whose messages before the last one were
+    seen before, under the same ``cache_salt`` (none is a salt too), reports all but its
+    last prompt token as ``cached_tokens``."""
 
 
 @dataclass
@@ -77,6 +83,8 @@ class FakeUpstream:
     peak: int = 0
     """Streams open at once now, and the most ever (the app's queue bounds it)."""
     base_url: str = ""
+    prefixes: set[tuple[str | None, str]] = field(default_factory=set)
+    """What ``Script.prefix_cache`` has cached: (cache salt, the messages before the last)."""
     _failures: int = 0
 
     def app(self) -> Starlette:
@@ -123,9 +131,17 @@ class FakeUpstream:
         tokens = list(script.tokens)
         if script.emit_max_tokens:
             tokens = [f" t{i}" for i in range(int(body["max_tokens"]))]
-        return StreamingResponse(self._stream(script, tokens), media_type="text/event-stream")
+        cached = 0
+        if script.prefix_cache:
+            prefix = (body.get("cache_salt"), json.dumps(body["messages"][:-1]))
+            cached = script.prompt_tokens - 1 if prefix in self.prefixes else 0
+            self.prefixes.add(prefix)
+        stream = self._stream(script, tokens, cached=cached)
+        return StreamingResponse(stream, media_type="text/event-stream")
 
-    async def _stream(self, script: Script, tokens: list[str]) -> AsyncIterator[bytes]:
+    async def _stream(
+        self, script: Script, tokens: list[str], *, cached: int = 0
+    ) -> AsyncIterator[bytes]:
         def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
             payload = {
                 "id": "chatcmpl-fake",
@@ -146,6 +162,7 @@ class FakeUpstream:
             "completion_tokens": len(tokens) + len(script.reasoning),
             "total_tokens": script.prompt_tokens + len(tokens) + len(script.reasoning),
             "completion_tokens_details": {"reasoning_tokens": len(script.reasoning)},
+            "prompt_tokens_details": {"cached_tokens": cached},
         }
         self.active += 1
         self.peak = max(self.peak, self.active)
@@ -162,7 +179,7 @@ class FakeUpstream:
                 if number == script.stall_after:
                     await asyncio.sleep(3600)
                 if number == script.malformed_after:
-                    yield b"data: {not json\n\n"
+                    yield script.malformed_line
                 if not (script.paced and script.delay > 0):
                     await asyncio.sleep(script.delay)
                     yield stamped([text])

@@ -1,17 +1,20 @@
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 from django import forms
-from django.contrib import admin, messages
+from django.contrib import admin
 from django.core.exceptions import NON_FIELD_ERRORS
 from django.db.models import QuerySet
 from django.forms import ModelForm
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
 
-from apps.accounts.models import ApiKey, Membership, Team
+from apps.accounts.models import ApiKey, Membership, Scope, Team
 from apps.accounts.services import (
     api_key_create,
+    api_key_delete,
     api_key_expiry_validate,
     api_key_revoke,
     api_key_update,
@@ -36,6 +39,13 @@ class TeamAdmin(admin.ModelAdmin):
 
 
 class ApiKeyForm(forms.ModelForm):
+    # Checkboxes, at least one: an empty JSON list must not stand for every scope.
+    scopes = forms.MultipleChoiceField(
+        choices=Scope.choices,
+        widget=forms.CheckboxSelectMultiple,
+        help_text="what the key may do: keys lets it issue and revoke keys",
+    )
+
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
         try:
@@ -81,6 +91,11 @@ class ApiKeyAdmin(admin.ModelAdmin):
     ]
     actions = ["revoke"]
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # A new key's secret, from save_model to response_add of the same request.
+        self._secrets: weakref.WeakKeyDictionary[HttpRequest, str] = weakref.WeakKeyDictionary()
+
     def get_readonly_fields(self, request: HttpRequest, obj: ApiKey | None = None) -> list[str]:
         # A key's owner and scopes are fixed once issued; revoke and re-issue instead.
         return [*self.readonly_fields, "team", "user", "scopes"] if obj else self.readonly_fields
@@ -99,16 +114,40 @@ class ApiKeyAdmin(admin.ModelAdmin):
         issued = api_key_create(
             team=obj.team,
             name=obj.name,
-            scopes=obj.scopes or None,
+            scopes=list(obj.scopes),
             user=obj.user,
             expires_at=obj.expires_at,
             actor=Actor.of_user(request.user),
         )
         obj.pk, obj.prefix = issued.api_key.pk, issued.api_key.prefix
-        messages.warning(
-            request,
-            f"The new API key is {issued.secret} — copy it now: it is shown only this once.",
-        )
+        obj.scopes, obj.created_at = issued.api_key.scopes, issued.api_key.created_at
+        self._secrets[request] = issued.secret
+
+    def response_add(
+        self, request: HttpRequest, obj: ApiKey, post_url_continue: str | None = None
+    ) -> HttpResponse:
+        """The new key's secret, on a page of its own, once: never in a message, which
+        would carry it in the messages cookie to the next page."""
+        secret = self._secrets.pop(request, None)
+        if secret is None:
+            return super().response_add(request, obj, post_url_continue)
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": "New API key",
+            "api_key": obj,
+            "secret": secret,
+        }
+        # Admin views are never_cache: the page is not stored either.
+        return TemplateResponse(request, "admin/accounts/apikey/issued.html", context)
+
+    # A delete revokes first (its children too) and is audited, as the API's revoke is.
+    def delete_model(self, request: HttpRequest, obj: ApiKey) -> None:
+        api_key_delete(api_key=obj, actor=Actor.of_user(request.user))
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
+        for api_key in queryset.select_related("team"):
+            api_key_delete(api_key=api_key, actor=Actor.of_user(request.user))
 
     @admin.action(description="Revoke selected keys")
     def revoke(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:

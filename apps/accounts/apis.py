@@ -53,9 +53,9 @@ class IssuedKeyOutput(ApiKeyOutput):
 
 
 class ApiKeyListCreateApi(APIView):
-    # Listing is a read; issuing needs no scope of its own, since a key may only pass on
-    # scopes it has (see ``api_key_issue``).
-    required_scopes = {"GET": "read"}
+    # Key management is a scope of its own: a leaked read-only key lists, mints and revokes
+    # nothing. Sessions have it; a key only when an owner or admin granted it.
+    required_scopes = {"GET": "keys", "POST": "keys"}
     pagination_class = Pagination
 
     class InputSerializer(serializers.Serializer[dict[str, Any]]):
@@ -76,12 +76,16 @@ class ApiKeyListCreateApi(APIView):
     @extend_schema(
         responses={
             200: ApiKeyOutput(many=True),
-            403: OpenApiResponse(description="role_missing: the caller is no member of the team"),
+            403: OpenApiResponse(
+                description="scope_missing: the caller's key lacks the keys scope; "
+                "role_missing: the caller is no member of the team"
+            ),
         }
     )
     def get(self, request: Request) -> Response:
         """The team's keys by prefix, newest first, revoked ones included: every key for
-        an owner or admin, a member's own keys for a member."""
+        an owner or admin (signed in or with their key); a member's own keys for a member
+        signed in; for any other key, itself and the keys it created, transitively."""
         manager = selectors.key_manager_for(caller=get_caller(request))
         paginator = self.pagination_class()
         page = paginator.paginate_queryset(
@@ -94,15 +98,17 @@ class ApiKeyListCreateApi(APIView):
         responses={
             201: IssuedKeyOutput,
             403: OpenApiResponse(
-                description="scope_missing: a scope the caller may not grant (its role's, "
-                "and never one its own key lacks); role_missing: no member of the team"
+                description="scope_missing: the caller's key lacks the keys scope, or a "
+                "scope the caller may not grant (its role's, and never one its own key "
+                "lacks; keys and ingest: owners and admins only); role_missing: no member "
+                "of the team"
             ),
         },
     )
     def post(self, request: Request) -> Response:
         """Issue a key for the caller's team and user, optionally expiring. The response
         holds the whole key, once: afterwards only its prefix is known. A key issued with a
-        key never outlives it."""
+        key never outlives it, and is revoked with it."""
         data = validated(self.InputSerializer, request)
         manager = selectors.key_manager_for(caller=get_caller(request))
         issued = services.api_key_issue(
@@ -116,18 +122,18 @@ class ApiKeyListCreateApi(APIView):
 
 
 class ApiKeyRevokeApi(APIView):
-    # Any member may revoke what they manage, whatever the scopes of the key they use:
-    # DELETE needs only a caller (the GET named here only makes HEAD and OPTIONS need one).
-    required_scopes = {"GET": "read"}
+    required_scopes = {"DELETE": "keys"}
 
     @extend_schema(
         responses={
             204: None,
+            403: OpenApiResponse(description="scope_missing: the caller's key lacks keys"),
             404: OpenApiResponse(description="not_found: no key the caller may manage"),
         }
     )
     def delete(self, request: Request, prefix: str) -> Response:
-        """Revoke a key: from now on it answers 401 ``revoked_api_key``."""
+        """Revoke a key and the keys it created, transitively: from now on they answer 401
+        ``revoked_api_key``."""
         manager = selectors.key_manager_for(caller=get_caller(request))
         api_key = selectors.api_key_get_managed(manager=manager, prefix=prefix)
         services.api_key_revoke(api_key=api_key, actor=manager.caller.actor)

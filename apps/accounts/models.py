@@ -64,6 +64,9 @@ class Scope(models.TextChoices):
     CHAT = "chat"
     INGEST = "ingest"
     READ = "read"
+    # Listing, issuing and revoking keys (/api/v1/keys): a key that lacks it cannot mint
+    # or revoke keys, so a leaked read-only key stays read-only.
+    KEYS = "keys"
 
 
 class ApiKey(models.Model):
@@ -80,6 +83,16 @@ class ApiKey(models.Model):
         related_name="api_keys",
         null=True,
         blank=True,
+    )
+    parent = models.ForeignKey(
+        "self",
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        editable=False,
+        related_name="children",
+        help_text="the key that issued this one through the API, if any: revoking it "
+        "revokes this one too",
     )
     name = models.CharField(max_length=100, blank=True)
     prefix = models.CharField(max_length=16, unique=True, editable=False)

@@ -1,14 +1,15 @@
-"""One permission class: the caller has a team and the scope the view names."""
+"""One permission class: the caller has a team and the scope the view names; and the role
+checks of destructive actions, which views make once they hold the object."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from rest_framework import exceptions, permissions, throttling
+from rest_framework import exceptions, permissions
 from rest_framework.request import Request
-from rest_framework.settings import api_settings
 
-from apps.accounts.selectors import Caller, caller_for
+from apps.accounts.selectors import TEAM_MANAGER_ROLES, Caller, caller_for, caller_role
+from apps.core.exceptions import PermissionDenied
 
 
 class HasScope(permissions.BasePermission):
@@ -47,20 +48,27 @@ def _scopes_for(required: dict[str, str], method: str) -> list[str]:
     return []
 
 
-class TeamRateThrottle(throttling.ScopedRateThrottle):
-    """DRF's scoped throttle (the view's ``throttle_scope`` names the rate), counted per
-    team rather than per user, for endpoints whose cost is CPU, not tokens; kept in the
-    Django cache of each process."""
+def role_require_manager(*, caller: Caller, action: str) -> None:
+    """403 ``role_forbidden`` unless the caller is an owner or admin of its team (a key of
+    no user acts as a member). ``action`` completes "Only the team's owners and admins …"."""
+    if caller_role(caller=caller) not in TEAM_MANAGER_ROLES:
+        raise PermissionDenied(
+            f"Only the team's owners and admins {action}.", code="role_forbidden"
+        )
 
-    def get_rate(self) -> str | None:
-        rate: str | None = api_settings.DEFAULT_THROTTLE_RATES.get(self.scope)
-        return rate  # read now, not at import, so that a settings change applies
 
-    def get_cache_key(self, request: Request, view: Any) -> str | None:
-        caller = getattr(request, "caller", None)
-        if caller is None:
-            return None
-        return self.cache_format % {"scope": self.scope, "ident": caller.team.pk}
+def role_require_own_or_manager(
+    *, caller: Caller, user_id: int | None, api_key_id: int | None, action: str
+) -> None:
+    """Owners and admins act on anything of the team; a member only on what they made: a
+    user on what they made signed in or with any of their keys (``user_id``), a key of no
+    user on what it made itself (``api_key_id``). Else 403 ``role_forbidden``."""
+    if caller.user is not None and user_id is not None and user_id == caller.user.pk:
+        return
+    own_key = caller.api_key
+    if caller.user is None and own_key is not None and api_key_id == own_key.pk:
+        return
+    role_require_manager(caller=caller, action=action)
 
 
 def get_caller(request: Request) -> Caller:

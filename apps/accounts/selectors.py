@@ -6,7 +6,7 @@ import functools
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -20,8 +20,8 @@ from apps.core.exceptions import NotFound, PermissionDenied
 
 # What each role may put on a key it issues. A key outlives the session that made it and
 # runs unattended, so ``ingest`` (writing the team's shared knowledge and spending its
-# embedding tokens) is for owners and admins to hand out; a member's own session keeps
-# every scope.
+# embedding tokens) and ``keys`` (issuing and revoking keys) are for owners and admins to
+# hand out; a member's own session keeps every scope.
 ROLE_KEY_SCOPES: dict[str, frozenset[str]] = {
     Membership.Role.OWNER: frozenset(Scope.values),
     Membership.Role.ADMIN: frozenset(Scope.values),
@@ -92,20 +92,33 @@ class ApiKeyCache:
     entry is ``API_KEY_CACHE_SECONDS`` old (5 by default; 0 turns the cache off).
     ``api_key_revoke`` forgets the key in its own process at once.
 
-    Unknown prefixes are never stored, so made-up keys cannot fill it; it holds at most
-    ``max_entries`` keys and drops the least recently used. The secret is not kept: its
-    hash is one SHA-256, as cheap as any digest a cache of checks would need.
+    Unknown prefixes are kept apart, for the same time, in a list of at most
+    ``max_misses`` (a repeated made-up key costs no query), so made-up keys cannot push
+    real ones out; it holds at most ``max_entries`` keys and drops the least recently used.
+    The secret is not kept: its hash is one SHA-256, as cheap as any digest a cache of
+    checks would need.
     """
 
     def __init__(
-        self, *, max_entries: int = 10_000, clock: Callable[[], float] = time.monotonic
+        self,
+        *,
+        max_entries: int = 10_000,
+        max_misses: int = 10_000,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.max_entries = max_entries
+        self.max_misses = max_misses
         self.clock = clock
         self._entries: OrderedDict[str, tuple[float, ApiKey]] = OrderedDict()
+        self._misses: OrderedDict[str, float] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, *, prefix: str) -> ApiKey | None:
+    def get(
+        self, *, prefix: str, before_query: Callable[[ApiKey | None], None] | None = None
+    ) -> ApiKey | None:
+        """The key (None: no such prefix), from the cache when fresh, else from the
+        database, calling ``before_query`` first (which may raise to refuse the query) with
+        the expired copy of the key, if this process still holds one."""
         ttl: float = settings.API_KEY_CACHE_SECONDS
         now = self.clock()
         with self._lock:
@@ -113,12 +126,23 @@ class ApiKeyCache:
             if entry is not None and now - entry[0] < ttl:
                 self._entries.move_to_end(prefix)
                 return entry[1]
+            missed = self._misses.get(prefix)
+            if missed is not None and now - missed < ttl:
+                return None
+        if before_query is not None:
+            before_query(entry[1] if entry is not None else None)
         # The query runs outside the lock: two threads may both load; the last one stays.
         api_key = api_key_get_by_prefix(prefix=prefix)
         with self._lock:
             if api_key is None or ttl <= 0:
                 self._entries.pop(prefix, None)
+                if api_key is None and ttl > 0:
+                    self._misses[prefix] = now
+                    self._misses.move_to_end(prefix)
+                    while len(self._misses) > self.max_misses:
+                        self._misses.popitem(last=False)
                 return api_key
+            self._misses.pop(prefix, None)
             self._entries[prefix] = (now, api_key)
             self._entries.move_to_end(prefix)
             while len(self._entries) > self.max_entries:
@@ -131,10 +155,12 @@ class ApiKeyCache:
     def forget(self, *, prefix: str) -> None:
         with self._lock:
             self._entries.pop(prefix, None)
+            self._misses.pop(prefix, None)
 
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()
+            self._misses.clear()
 
 
 @functools.cache
@@ -174,6 +200,14 @@ def membership_role(*, team: Team, user: AbstractBaseUser | None) -> str | None:
     return role
 
 
+def caller_role(*, caller: Caller) -> str | None:
+    """The caller's role in its team: its user's, a member's for a key of no user (it runs
+    unattended, for no one in particular), None for a user who is no member."""
+    if caller.user is None:
+        return Membership.Role.MEMBER
+    return membership_role(team=caller.team, user=caller.user)
+
+
 @dataclass(frozen=True)
 class KeyManager:
     """What a caller may do with its team's keys."""
@@ -191,13 +225,10 @@ class KeyManager:
 
 def key_manager_for(*, caller: Caller) -> KeyManager:
     """The caller as a manager of keys. A user acts with their role in the team; a key of
-    no user (a team key from the admin or ``createapikey``) as a member whose "own" keys
-    are the team keys of no user. 403 for a caller who is no member (a user's key whose
+    no user (a team key from the admin or ``createapikey``) as a member. What a member
+    manages is in ``api_key_list``. 403 for a caller who is no member (a user's key whose
     user left is already refused at authentication, once its cached row is reloaded)."""
-    if caller.user is None:
-        role: str | None = Membership.Role.MEMBER
-    else:
-        role = membership_role(team=caller.team, user=caller.user)
+    role = caller_role(caller=caller)
     if role is None:
         raise PermissionDenied(
             "Only a member of the team, signed in or with their own key, manages keys.",
@@ -208,11 +239,28 @@ def key_manager_for(*, caller: Caller) -> KeyManager:
 
 
 def api_key_list(*, manager: KeyManager) -> QuerySet[ApiKey]:
-    """The keys the manager may see, newest first, revoked ones included."""
+    """The keys the manager may see, newest first, revoked ones included: every key of the
+    team for an owner or admin (signed in or with their key); for a member signed in, their
+    own keys; for any other key, itself and the keys it created, transitively (so a
+    leaked key reaches no key it did not make)."""
     keys = ApiKey.objects.filter(team=manager.caller.team).select_related("user")
-    if not manager.manages_team:
+    own_key = manager.caller.api_key
+    if own_key is not None and not manager.manages_team:
+        keys = keys.filter(pk__in={own_key.pk, *api_key_descendant_ids(api_key_ids=[own_key.pk])})
+    elif not manager.manages_team:
         keys = keys.filter(user=manager.caller.user)
     return keys.order_by("-created_at", "-pk")
+
+
+def api_key_descendant_ids(*, api_key_ids: Collection[int]) -> set[int]:
+    """The keys issued by these keys, by the keys those issued, and so on (not these)."""
+    found: set[int] = set()
+    frontier = set(api_key_ids)
+    while frontier:
+        children = set(ApiKey.objects.filter(parent__in=frontier).values_list("pk", flat=True))
+        frontier = children - found - set(api_key_ids)
+        found |= frontier
+    return found
 
 
 def api_key_get_managed(*, manager: KeyManager, prefix: str) -> ApiKey:

@@ -15,7 +15,7 @@ from django.utils import timezone
 from apps.accounts.models import ApiKey, Membership, Scope, Team
 from apps.accounts.selectors import KeyManager, api_key_cache
 from apps.core.audit import SYSTEM, Actor, audit_record
-from apps.core.exceptions import InvalidRequest, PermissionDenied
+from apps.core.exceptions import InvalidRequest, PermissionDenied, Unauthenticated
 from apps.core.models import AuditEvent
 
 KEY_NAMESPACE = "rt"
@@ -23,6 +23,9 @@ PREFIX_BYTES = 6
 SECRET_BYTES = 32
 LAST_USED_RESOLUTION = timedelta(minutes=1)
 MAX_KEY_LIFETIME_DAYS = 3650
+# A key issued without a choice of scopes: every scope but ``keys``, which is only ever
+# granted by name.
+DEFAULT_KEY_SCOPES = (Scope.CHAT.value, Scope.INGEST.value, Scope.READ.value)
 
 
 @dataclass(frozen=True)
@@ -96,8 +99,13 @@ def api_key_create(
     user: AbstractBaseUser | None = None,
     expires_at: datetime | None = None,
     actor: Actor = SYSTEM,
+    parent: ApiKey | None = None,
 ) -> IssuedKey:
-    scopes = sorted(set(scopes if scopes is not None else Scope.values))
+    """A new key, with ``DEFAULT_KEY_SCOPES`` when ``scopes`` is None; ``parent`` is the
+    key that issues it, if any (revoked with it)."""
+    scopes = sorted(set(scopes if scopes is not None else DEFAULT_KEY_SCOPES))
+    if not scopes:  # a key of no scope is refused, never read as every scope
+        raise InvalidRequest("Choose at least one scope.", code="missing_field", param="scopes")
     unknown = set(scopes) - set(Scope.values)
     if unknown:
         raise InvalidRequest(
@@ -116,17 +124,21 @@ def api_key_create(
         secret_hash=hash_secret(secret),
         scopes=scopes,
         expires_at=expires_at,
+        parent=parent,
     )
+    detail: dict[str, object] = {
+        "scopes": scopes,
+        "user": user.get_username() if user is not None else None,
+        "expires_at": _iso(expires_at),
+    }
+    if parent is not None:
+        detail["parent"] = parent.prefix
     audit_record(
         action=AuditEvent.Action.KEY_CREATED,
         actor=actor,
         team=team,
         target=f"key {prefix}",
-        detail={
-            "scopes": scopes,
-            "user": user.get_username() if user is not None else None,
-            "expires_at": _iso(expires_at),
-        },
+        detail=detail,
     )
     return IssuedKey(api_key=api_key, secret=secret)
 
@@ -168,29 +180,65 @@ def api_key_issue(
         cap=own_key.expires_at if own_key is not None else None,
         now=timezone.now(),
     )
-    return api_key_create(
-        team=caller.team,
-        name=name,
-        scopes=scopes,
-        user=caller.user,
-        expires_at=expires_at,
-        actor=caller.actor,
-    )
+    with transaction.atomic():
+        if own_key is not None:
+            # Locked, so that a revocation of the issuing key (which locks it too) either
+            # sees the new key among its children or comes first and refuses it here: a
+            # process whose cached copy is not revoked yet cannot leave a live child.
+            stored = ApiKey.objects.select_for_update().only("revoked_at").get(pk=own_key.pk)
+            if stored.revoked_at is not None:
+                raise Unauthenticated("The API key was revoked.", code="revoked_api_key")
+        return api_key_create(
+            team=caller.team,
+            name=name,
+            scopes=scopes,
+            user=caller.user,
+            expires_at=expires_at,
+            actor=caller.actor,
+            parent=own_key,
+        )
 
 
+@transaction.atomic
 def api_key_revoke(*, api_key: ApiKey, actor: Actor = SYSTEM) -> ApiKey:
-    """Revoke the key: at once in this process, in others once their cached copy expires."""
-    if api_key.revoked_at is None:
+    """Revoke the key and every key it issued, transitively (each audited, the children
+    with the key whose revocation took them): at once in this process, in others once
+    their cached copy expires. Children are revoked even when the key already was, so a
+    key issued by a stale cached copy of a revoked key does not outlive it."""
+    _key_revoke(api_key=api_key, actor=actor, detail={})
+    frontier = [api_key]
+    while frontier:
+        parents: dict[int | None, ApiKey] = {key.pk: key for key in frontier}
+        frontier = list(
+            ApiKey.objects.select_for_update()
+            .select_related("team")
+            .filter(parent__in=parents)
+            .order_by("pk")
+        )
+        for child in frontier:
+            _key_revoke(
+                api_key=child, actor=actor, detail={"with": parents[child.parent_id].prefix}
+            )
+    return api_key
+
+
+def _key_revoke(*, api_key: ApiKey, actor: Actor, detail: dict[str, object]) -> None:
+    stored = ApiKey.objects.select_for_update().only("revoked_at").get(pk=api_key.pk)
+    if stored.revoked_at is None:
         api_key.revoked_at = timezone.now()
-        api_key.save(update_fields=["revoked_at"])
+        ApiKey.objects.filter(pk=api_key.pk).update(revoked_at=api_key.revoked_at)
         audit_record(
             action=AuditEvent.Action.KEY_REVOKED,
             actor=actor,
             team=api_key.team,
             target=f"key {api_key.prefix}",
+            detail=detail,
         )
+    else:
+        api_key.revoked_at = stored.revoked_at
+    # Now, and again once committed: a request in between may have cached the old row.
     api_key_cache().forget(prefix=api_key.prefix)
-    return api_key
+    transaction.on_commit(lambda: api_key_cache().forget(prefix=api_key.prefix))
 
 
 @transaction.atomic
@@ -217,6 +265,20 @@ def api_key_update(
         )
     api_key_cache().forget(prefix=stored.prefix)
     return stored
+
+
+@transaction.atomic
+def api_key_delete(*, api_key: ApiKey, actor: Actor = SYSTEM) -> None:
+    """Revoke the key (as :func:`api_key_revoke` does, keys it issued included), then
+    remove its row, both in the audit log. Its usage rows stay, no longer naming it."""
+    api_key_revoke(api_key=api_key, actor=actor)
+    audit_record(
+        action=AuditEvent.Action.KEY_DELETED,
+        actor=actor,
+        team=api_key.team,
+        target=f"key {api_key.prefix}",
+    )
+    api_key.delete()
 
 
 def _iso(moment: datetime | None) -> str | None:

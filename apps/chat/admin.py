@@ -1,14 +1,21 @@
 from __future__ import annotations
 
+from typing import Any
+
 from asgiref.sync import async_to_sync
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
-from django.http import HttpRequest
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path
 
+from apps.accounts.models import Team
 from apps.chat.services.models import model_registry_status
-from apps.usage.admin import UsageRecordAdmin
+from apps.chat.services.teams import PurgeReport, team_purge
+from apps.core.audit import Actor
+from apps.knowledge.admin import ChunksGoWithTheirOwner
+from apps.usage.admin import TeamUsageAdmin, UsageRecordAdmin
 from apps.usage.models import UsageRecord
 
 
@@ -44,3 +51,39 @@ class UsageRecordModelsAdmin(UsageRecordAdmin):
 
 admin.site.unregister(UsageRecord)
 admin.site.register(UsageRecord, UsageRecordModelsAdmin)
+
+
+class TeamPurgeAdmin(ChunksGoWithTheirOwner, TeamUsageAdmin):
+    """The team admin whose delete is :func:`team_purge`: index folders, uploaded files,
+    cached answers and Redis keys go with the rows, answers running are stopped first, and
+    the audit log says what went. Here, in the highest app that holds a team's data."""
+
+    def delete_view(
+        self, request: HttpRequest, object_id: str, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        # Not in one transaction, as Django's is: team_purge commits step by step, so that a
+        # process streaming one of the team's answers sees its stop request (and settles)
+        # before the conversation goes, as the bulk delete action already does.
+        return self._delete_view(request, object_id, extra_context)  # type: ignore[no-any-return]
+
+    def delete_model(self, request: HttpRequest, obj: Team) -> None:
+        self._report(request, team_purge(team=obj, actor=Actor.of_user(request.user)), obj)
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Team]) -> None:
+        for team in queryset:
+            self._report(request, team_purge(team=team, actor=Actor.of_user(request.user)), team)
+
+    def _report(self, request: HttpRequest, report: PurgeReport, team: Team) -> None:
+        self.message_user(
+            request,
+            f"{team.name}: {report.conversations} conversations, {report.messages} messages, "
+            f"{report.collections} collections, {report.documents} documents, "
+            f"{report.index_folders} index folders, {report.files} files, "
+            f"{report.cached_answers} cached answers, {report.keys} keys revoked, "
+            f"{report.limiter_keys} limiter keys removed.",
+            messages.INFO,
+        )
+
+
+admin.site.unregister(Team)
+admin.site.register(Team, TeamPurgeAdmin)

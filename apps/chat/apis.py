@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 from django.conf import settings
@@ -20,20 +19,16 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from apps.accounts.permissions import TeamRateThrottle, get_caller
+from apps.accounts.permissions import get_caller, role_require_own_or_manager
 from apps.accounts.selectors import Caller
 from apps.chat import selectors, services
-from apps.chat.events import event_store
 from apps.chat.models import Conversation, Message
-from apps.chat.services.sweep import abandoned_error, answer_longest_seconds
-from apps.chat.services.types import Done, Failed
 from apps.chat.sse import (
-    PING,
-    PING_SECONDS,
     EventStreamRenderer,
     event_stream_response,
     frame_stored,
     last_event_id,
+    with_pings,
 )
 from apps.chat.wire import NativeWire, answer_respond
 from apps.core.aio import AsyncApiView, db_call
@@ -48,7 +43,6 @@ from apps.core.schema import IDEMPOTENCY_RESPONSES, event_stream, idempotency_ke
 from apps.core.validation import MAX_ID, message_length_check, validated
 from apps.knowledge.apis import SearchFiltersInput, search_mode_field
 
-REPLAY_POLL_SECONDS = 0.2
 ANSWER_EVENTS = ["message", "retrieval", "delta", "reasoning", "usage", "error", "done"]
 
 
@@ -57,7 +51,10 @@ class UsageOutput(serializers.Serializer[Any]):
     ``cached_tokens``, ``completion_tokens`` includes ``reasoning_tokens``."""
 
     prompt_tokens = serializers.IntegerField()
-    cached_tokens = serializers.IntegerField()
+    cached_tokens = serializers.IntegerField(
+        help_text="prompt tokens served from the tier's prefix cache of this team's own "
+        "earlier prompts (vLLM, salted per team); 0 from any other server"
+    )
     completion_tokens = serializers.IntegerField()
     reasoning_tokens = serializers.IntegerField()
     total_tokens = serializers.IntegerField()
@@ -174,11 +171,26 @@ class ConversationDetailApi(APIView):
         )
         return Response(ConversationDetailOutput(conversation).data)
 
-    @extend_schema(responses={204: None})
+    @extend_schema(
+        responses={
+            204: None,
+            403: OpenApiResponse(
+                description="role_forbidden: a member's (or a key of no user's) delete of a "
+                "conversation it did not start"
+            ),
+        }
+    )
     def delete(self, request: Request, conversation_id: int) -> Response:
-        """Delete a conversation and its messages."""
-        conversation = selectors.conversation_get(
-            team=get_caller(request).team, conversation_id=conversation_id
+        """Delete a conversation and its messages: owners and admins any of the team's, a
+        member those they started (signed in or with any of their keys), a key of no user
+        those it started."""
+        caller = get_caller(request)
+        conversation = selectors.conversation_get(team=caller.team, conversation_id=conversation_id)
+        role_require_own_or_manager(
+            caller=caller,
+            user_id=conversation.user_id,
+            api_key_id=conversation.api_key_id,
+            action="delete other members' conversations",
         )
         services.conversation_delete(conversation=conversation)
         return Response(status=status.HTTP_204_NO_CONTENT)
@@ -301,7 +313,7 @@ async def message_replay(
     message = await db_call(selectors.message_get)(team=caller.team, message_id=claim.resource_id)
     response: HttpResponseBase
     if stream:
-        response = event_stream_response(_replay(message.pk, 0))
+        response = await _replay_frames(caller=caller, message_id=message.pk, after=0)
     else:
         body = {
             "id": message.pk,
@@ -315,7 +327,7 @@ async def message_replay(
     return response
 
 
-class MessageEventsApi(APIView):
+class MessageEventsApi(AsyncApiView):
     required_scopes = {"GET": "read"}
     # JSON first: an error for a client that did not ask for the stream is application/json.
     renderer_classes = [JSONRenderer, EventStreamRenderer]
@@ -341,60 +353,38 @@ class MessageEventsApi(APIView):
             (200, "text/event-stream"): event_stream(
                 "Server-Sent Events: the message's events after the given id, then live until done",
                 events=ANSWER_EVENTS,
-            )
+            ),
+            429: OpenApiResponse(
+                description="too_many_concurrent_streams: the team has REPLAY_MAX_PER_TEAM "
+                "replays open; Retry-After and x-ratelimit-{limit,remaining,reset}-streams"
+            ),
+            503: OpenApiResponse(
+                description="rate_limiter_unavailable (Redis down, failing closed), with "
+                "Retry-After"
+            ),
         },
     )
-    def get(self, request: Request, message_id: int) -> HttpResponseBase:
+    async def get(self, request: Request, message_id: int) -> HttpResponseBase:
         """Replay an answer's events after ``Last-Event-ID`` (header or ``?last_event_id=``),
-        following it live until ``done`` if it is still streaming."""
+        following it live until ``done`` if it is still streaming.
+
+        Each open replay holds one of the team's ``REPLAY_MAX_PER_TEAM`` replay slots until
+        it ends or the client leaves; past them, 429 ``too_many_concurrent_streams``."""
         after = last_event_id(
             request.headers.get("Last-Event-ID"), request.query_params.get("last_event_id")
         )
-        message = selectors.message_get(team=get_caller(request).team, message_id=message_id)
-        return event_stream_response(_replay(message.pk, after))
+        caller = get_caller(request)
+        message = await db_call(selectors.message_get)(team=caller.team, message_id=message_id)
+        return await _replay_frames(caller=caller, message_id=message.pk, after=after)
 
 
-async def _replay(message_id: int, after: int) -> AsyncIterator[bytes]:
-    """Stored events after ``after``; while the answer is still streaming, poll for more.
-
-    Bounded: an answer still ``streaming`` past the longest an answer can last was
-    abandoned by its process. An answer whose last events were never stored (its process
-    stopped, or the journal could not write) ends from its row: ``error``, then ``done``.
-    """
-    store = event_store()
-    quiet = 0.0
-    try:
-        while True:
-            events = await store.after(message_id, after)
-            for seq, name, data in events:
-                after = seq
-                yield frame_stored(seq, name, data)
-                if name == Done.name:
-                    return
-            if events:
-                quiet = 0.0
-                continue
-            state = await db_call(selectors.message_state)(message_id=message_id)
-            ended = state.status != Message.Status.STREAMING
-            abandoned = not ended and state.age_seconds > answer_longest_seconds()
-            if ended or abandoned:
-                if await store.after(message_id, after):
-                    continue  # its last events arrived meanwhile
-                error = abandoned_error() if abandoned else state.error
-                if error:
-                    after += 1
-                    yield frame_stored(after, Failed.name, error)
-                finish_reason = "error" if abandoned else state.finish_reason or "stop"
-                done = Done(message_id=message_id, finish_reason=finish_reason)
-                yield frame_stored(after + 1, done.name, done.data())
-                return
-            await asyncio.sleep(REPLAY_POLL_SECONDS)
-            quiet += REPLAY_POLL_SECONDS
-            if quiet >= PING_SECONDS:
-                quiet = 0.0
-                yield PING
-    finally:
-        await store.aclose()
+async def _replay_frames(*, caller: Caller, message_id: int, after: int) -> HttpResponseBase:
+    """A replay's response: a slot under the team's cap (or 429, before any byte), then
+    the message's events, with keep-alive pings, until ``done``."""
+    slot = await db_call(services.replay_slot_take)(team=caller.team)
+    events = services.replay_follow(slot=slot, message_id=message_id, after=after)
+    frames = (frame_stored(seq, name, data) async for seq, name, data in events)
+    return event_stream_response(with_pings(frames))
 
 
 class MessageCancelApi(APIView):
@@ -410,7 +400,7 @@ class MessageCancelApi(APIView):
 
 class TokenizeApi(APIView):
     required_scopes = {"POST": "read"}
-    throttle_classes = [TeamRateThrottle]
+    # Counting costs CPU, not tokens: its own request bucket on top of the team's.
     throttle_scope = "tokenize"
 
     class InputSerializer(serializers.Serializer[dict[str, Any]]):

@@ -6,17 +6,21 @@ Each append (a journal flush, every quarter second of an answer) is one record: 
 events, sealed once. Per event, a row or list item and an encryption would cost more than
 the rest of the path a token takes; replay expands the batches again. The flushes of every
 answer a process streams go out together (:meth:`EventStore.append_many`): one insert, or
-one Redis round trip, a quarter second, however many streams are open."""
+one Redis round trip, a quarter second, however many streams are open. Each write
+announces the messages it stored (:mod:`apps.chat.feed`), and a reader keeps an
+:class:`EventCursor`: a replay reads only when woken, and only what is new."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import redis
 from django.conf import settings
 
+from apps.chat.feed import announcement, event_feed, feed_channel
 from apps.chat.models import Message, MessageEvent
 from apps.core.aio import db_call, redis_client
 from apps.core.crypto import decrypt_bytes, encrypt_bytes
@@ -35,7 +39,22 @@ class EventStore(Protocol):
     async def after(self, message_id: int, seq: int) -> Events:
         """The stored events numbered after ``seq``, in order."""
 
+    async def read(self, cursor: EventCursor) -> Events:
+        """The events stored since ``cursor`` last read (numbered past its ``seq``), in
+        order; the cursor moves past them."""
+
     async def aclose(self) -> None: ...
+
+
+@dataclass
+class EventCursor:
+    """Where a reader of one message's events stands, so that each read fetches only what
+    is new: the last event it has (the database reads rows numbered past it) and how many
+    records of the Redis list it has read (Redis reads the list from there)."""
+
+    message_id: int
+    seq: int = 0
+    index: int = 0
 
 
 BATCH = "batch"
@@ -48,9 +67,17 @@ class DatabaseEventStore:
 
     async def append_many(self, batches: Mapping[int, Events]) -> None:
         await db_call(budget_writer.run)(_rows_insert, batches)
+        # Committed: replays following these answers in this process read them now.
+        event_feed.wake(batches)
 
     async def after(self, message_id: int, seq: int) -> Events:
-        return await db_call(self._after)(message_id, seq)
+        return await self.read(EventCursor(message_id, seq))
+
+    async def read(self, cursor: EventCursor) -> Events:
+        events = await db_call(self._after)(cursor.message_id, cursor.seq)
+        if events:
+            cursor.seq = events[-1][0]
+        return events
 
     @staticmethod
     def _after(message_id: int, seq: int) -> Events:
@@ -65,6 +92,7 @@ class RedisEventStore:
     def __init__(self, url: str, ttl: int) -> None:
         self._redis = redis_client(url)
         self._ttl = ttl
+        self._channel = feed_channel(url)
 
     @staticmethod
     def key(message_id: int) -> str:
@@ -77,17 +105,30 @@ class RedisEventStore:
         # Sealing a thousand batches takes tens of milliseconds: on the pool, not on the
         # event loop every open stream shares; and the writes go in slices, so that no one
         # pipeline's packing and replies hold the loop for long either.
+        # Each slice announces its messages after storing them (apps.chat.feed): the
+        # replays following them, in any process, wake and read what is new.
         records = await db_call(_seal_records)(batches)
+        ids = list(batches)
         for start in range(0, len(records), PIPELINE_SLICE):
             async with self._redis.pipeline(transaction=False) as pipe:
                 for key, record in records[start : start + PIPELINE_SLICE]:
                     pipe.rpush(key, record)
                     pipe.expire(key, self._ttl)
+                pipe.publish(self._channel, announcement(ids[start : start + PIPELINE_SLICE]))
                 await pipe.execute()
 
     async def after(self, message_id: int, seq: int) -> Events:
-        raw = await self._redis.lrange(self.key(message_id), 0, -1)
-        return _after(seq, (tuple(_open(item)) for item in raw))  # type: ignore[misc]
+        return await self.read(EventCursor(message_id, seq))
+
+    async def read(self, cursor: EventCursor) -> Events:
+        # Only the records past those already read: a long answer's list is not fetched
+        # and decrypted whole on every wake-up.
+        raw = await self._redis.lrange(self.key(cursor.message_id), cursor.index, -1)
+        cursor.index += len(raw)
+        events = _after(cursor.seq, (tuple(_open(item)) for item in raw))  # type: ignore[misc]
+        if events:
+            cursor.seq = events[-1][0]
+        return events
 
     async def aclose(self) -> None:
         pass  # the client is shared by every answer of this event loop

@@ -8,12 +8,15 @@ from apps.core.fields import EncryptedJSONField, EncryptedTextField
 
 
 class Conversation(models.Model):
+    """A thread of messages. ``title`` is encrypted at rest like the messages: the page
+    derives it from the first question."""
+
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="conversations")
     user = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True
     )
     api_key = models.ForeignKey(ApiKey, on_delete=models.SET_NULL, null=True, blank=True)
-    title = models.CharField(max_length=200, blank=True)
+    title = EncryptedTextField(blank=True)
     collection_ids = models.JSONField(
         null=True, blank=True, help_text="collections searched by default; empty: all readable"
     )

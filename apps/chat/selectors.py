@@ -87,11 +87,15 @@ class MessageState:
     age_seconds: float
 
 
-def message_state(*, message_id: int) -> MessageState:
-    """How an answer stands, for a replay following it."""
-    row = Message.objects.filter(pk=message_id).values(
-        "status", "finish_reason", "error", "created_at"
-    )[0]
+def message_state(*, message_id: int) -> MessageState | None:
+    """How an answer stands, for a replay following it; None once it is deleted."""
+    row = (
+        Message.objects.filter(pk=message_id)
+        .values("status", "finish_reason", "error", "created_at")
+        .first()
+    )
+    if row is None:
+        return None
     age = (timezone.now() - row.pop("created_at")).total_seconds()
     return MessageState(**row, age_seconds=age)
 

@@ -24,6 +24,7 @@ from django.conf import settings
 from django.core.exceptions import SynchronousOnlyOperation
 from django.db import connections
 from django.http import HttpRequest, HttpResponseBase
+from rest_framework.request import Request
 from rest_framework.views import APIView
 
 # How long a command waits for a free connection when the pool is busy.
@@ -120,6 +121,7 @@ class AsyncApiView(APIView):
                 self.initial(drf_request, *args, **kwargs)
             except SynchronousOnlyOperation:  # it needs the database: on the pool, then
                 await db_call(self.initial)(drf_request, *args, **kwargs)
+            await self.acheck_throttles(drf_request)
             method = (drf_request.method or "").lower()
             handler = getattr(self, method, None) if method in self.http_method_names else None
             if handler is None:
@@ -131,3 +133,15 @@ class AsyncApiView(APIView):
             response = self.handle_exception(exc)
         self.response = self.finalize_response(drf_request, response, *args, **kwargs)
         return self.response
+
+    def check_throttles(self, request: Request) -> None:
+        """Left to :meth:`acheck_throttles`, once ``initial`` has run (wherever it ran)."""
+
+    async def acheck_throttles(self, request: Request) -> None:
+        """DRF's throttle check on the loop: a throttle with ``aallow_request`` awaits its
+        store (Redis) rather than block the loop; one raising refuses the request."""
+        for throttle in self.get_throttles():
+            check = getattr(throttle, "aallow_request", None)
+            allowed = await check(request, self) if check else throttle.allow_request(request, self)
+            if not allowed:
+                self.throttled(request, throttle.wait())

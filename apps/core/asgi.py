@@ -4,7 +4,8 @@ request's sync code runs on.
 Django's ASGI handler reads the whole body into a temporary file before any middleware
 runs, so a size limit enforced inside Django comes after the disk is already spent.
 :class:`BodySizeLimit` answers 413 in the API's error shape from the ``Content-Length``
-header, and stops a chunked body the moment it passes the limit.
+header, and stops a chunked body the moment it passes the limit; a multipart body sent
+anywhere but an upload route is 415 from its ``Content-Type``, before a byte is read.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from django.utils._os import safe_join
 from starlette.responses import FileResponse, JSONResponse
 
 from apps.core.exceptions import error_body
-from apps.core.limits import body_limit
+from apps.core.limits import body_limit, is_multipart, multipart_allowed
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -48,10 +49,21 @@ class BodySizeLimit:
             await self.app(scope, receive, send)
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        limit, code = body_limit(headers.get("content-type", ""))
+        content_type = headers.get("content-type", "")
+        if not multipart_allowed(content_type, scope.get("path", "")):
+            await _refuse(send, 415, "unsupported_media_type", _NOT_AN_UPLOAD)
+            return
+        if is_multipart(content_type) and not _credentials(headers):
+            # An upload spools to disk before authentication runs: none without a key or
+            # a session to answer for it (and, once they are checked, the team's limits).
+            await _refuse(
+                send, 401, "missing_api_key", _NO_CREDENTIALS, kind="authentication_error"
+            )
+            return
+        limit, code = body_limit(content_type)
         declared = headers.get("content-length", "")
         if declared.isdigit() and int(declared) > limit:
-            await _refuse(send, limit, code)
+            await _refuse(send, 413, code, _too_large(limit))
             return
         received = 0
         started = False
@@ -74,24 +86,35 @@ class BodySizeLimit:
             await self.app(scope, limited_receive, tracking_send)
         except BodyTooLarge:
             if not started:
-                await _refuse(send, limit, code)
+                await _refuse(send, 413, code, _too_large(limit))
 
 
-async def _refuse(send: Send, limit: int, code: str) -> None:
-    body = json.dumps(
-        {
-            "error": {
-                "type": "invalid_request_error",
-                "code": code,
-                "message": f"The request body is larger than the {limit}-byte limit.",
-                "param": None,
-            }
-        }
-    ).encode()
+_NOT_AN_UPLOAD = "A multipart body is accepted only by the document upload endpoint."
+
+
+def _too_large(limit: int) -> str:
+    return f"The request body is larger than the {limit}-byte limit."
+
+
+_NO_CREDENTIALS = "An upload needs an API key (Authorization: Bearer) or a signed-in session."
+
+
+def _credentials(headers: dict[str, str]) -> bool:
+    """Whether the request names a key or a session (checked later, by the view)."""
+    if headers.get("authorization", "").lower().startswith("bearer "):
+        return True
+    cookies = (part.strip() for part in headers.get("cookie", "").split(";"))
+    return any(part.startswith(f"{settings.SESSION_COOKIE_NAME}=") for part in cookies)
+
+
+async def _refuse(
+    send: Send, status: int, code: str, message: str, *, kind: str = "invalid_request_error"
+) -> None:
+    body = json.dumps(error_body(type=kind, code=code, message=message)).encode()
     await send(
         {
             "type": "http.response.start",
-            "status": 413,
+            "status": status,
             "headers": [
                 (b"content-type", b"application/json"),
                 (b"content-length", str(len(body)).encode()),
@@ -116,7 +139,7 @@ class StaticFiles:
             await self.app(scope, receive, send)
             return
         found = self.find(path.removeprefix(self.prefix))
-        headers = {"X-Content-Type-Options": "nosniff"}  # as Django's responses have
+        headers = security_headers(secure=_is_secure(scope))
         response = (
             FileResponse(found, headers=headers)
             if found
@@ -144,6 +167,45 @@ class StaticFiles:
 
 
 _NOT_FOUND = error_body(type="not_found_error", code="not_found", message="No such file.")
+
+
+def security_headers(*, secure: bool) -> dict[str, str]:
+    """The headers Django's security, clickjacking and CSP middleware give a page, for a
+    response served outside Django: a static file is a page's script or style, and an
+    HTML or SVG file there is a page of its own."""
+    headers: dict[str, str] = {}
+    if settings.SECURE_HSTS_SECONDS and secure:
+        hsts = f"max-age={settings.SECURE_HSTS_SECONDS}"
+        if settings.SECURE_HSTS_INCLUDE_SUBDOMAINS:
+            hsts += "; includeSubDomains"
+        if settings.SECURE_HSTS_PRELOAD:
+            hsts += "; preload"
+        headers["Strict-Transport-Security"] = hsts
+    if settings.SECURE_CONTENT_TYPE_NOSNIFF:
+        headers["X-Content-Type-Options"] = "nosniff"
+    referrer = settings.SECURE_REFERRER_POLICY
+    if referrer:
+        values = referrer.split(",") if isinstance(referrer, str) else referrer
+        headers["Referrer-Policy"] = ",".join(value.strip() for value in values)
+    if settings.SECURE_CROSS_ORIGIN_OPENER_POLICY:
+        headers["Cross-Origin-Opener-Policy"] = settings.SECURE_CROSS_ORIGIN_OPENER_POLICY
+    headers["X-Frame-Options"] = getattr(settings, "X_FRAME_OPTIONS", "DENY").upper()
+    if settings.CONTENT_SECURITY_POLICY:
+        headers["Content-Security-Policy"] = settings.CONTENT_SECURITY_POLICY
+    return headers
+
+
+def _is_secure(scope: Scope) -> bool:
+    """Django's ``request.is_secure()`` for a scope: the scheme, or the trusted proxy's
+    header where ``SECURE_PROXY_SSL_HEADER`` names one."""
+    proxy = settings.SECURE_PROXY_SSL_HEADER
+    if proxy:
+        name, value = proxy
+        wanted = name.removeprefix("HTTP_").replace("_", "-").lower().encode("latin-1")
+        for key, given in scope.get("headers", []):
+            if key.lower() == wanted:
+                return bool(given.decode("latin-1").split(",")[0].strip() == value)
+    return bool(scope.get("scheme") == "https")
 
 
 def _plain_relative(path: str) -> bool:

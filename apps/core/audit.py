@@ -1,5 +1,6 @@
-"""The audit log: key creation, revocation and expiry changes, limit changes, purges, and
-admin logins, successful and failed.
+"""The audit log: key creation, revocation, expiry changes and deletion, limit changes,
+purges, deletes of documents, collections and whole teams, and admin logins, successful
+and failed.
 
 Services record their own events (``audit_record``), so an action is logged whichever
 surface made it: the API, the admin, a management command or a beat job.

@@ -1,9 +1,10 @@
 """Encryption at rest, in one place: Fernet (AES-128-CBC with HMAC-SHA256) through
 MultiFernet, so that several keys decrypt and the first one encrypts.
 
-What is encrypted: message content and reasoning, stored answer events (database and
-Redis), uploaded document files. What is not: document chunk text (the keyword and vector
-indexes search it), titles, usage and citations' ids and scores.
+What is encrypted: message content and reasoning, conversation titles (the page makes
+them from the first question), stored answer events (database and Redis), uploaded
+document files. What is not: document chunk text (the keyword and vector indexes search
+it), document titles, usage and citations' ids and scores.
 
 The keys come from ``settings.ENCRYPTION_KEYS``; when none are set (the embedded default
 only: production refuses to start), a key is generated once into

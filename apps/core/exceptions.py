@@ -60,6 +60,12 @@ class PermissionDenied(ApplicationError):
     status, type, code = 403, "permission_error", "scope_missing"
 
 
+class Unauthenticated(ApplicationError):
+    """The credentials stopped working while the request ran (e.g. its key was revoked)."""
+
+    status, type, code = 401, "authentication_error", "invalid_api_key"
+
+
 class IdempotencyInProgress(ApplicationError):
     """Another request with this ``Idempotency-Key`` is still being served."""
 
@@ -151,18 +157,22 @@ def as_application_error(exc: Exception) -> ApplicationError | None:
                 headers=retry_after_header(DEPENDENCY_RETRY_SECONDS),
             )
         case inference.ContextLengthExceeded():
-            return InvalidRequest(str(exc), code="context_length_exceeded", param="messages")
+            return InvalidRequest(
+                _inference_message(exc), code="context_length_exceeded", param="messages"
+            )
         case inference.InferenceError() if exc.status == 400:  # the tier refused the request
-            return InvalidRequest(str(exc), code=exc.code)
+            return InvalidRequest(_inference_message(exc), code=exc.code)
         case inference.InferenceError() if exc.status == 429:
             return TooManyRequests(
-                str(exc), code=exc.code, headers=retry_after_header(exc.retry_after)
+                _inference_message(exc), code=exc.code, headers=retry_after_header(exc.retry_after)
             )
         case inference.InferenceError() if exc.status == 503:
-            return Overloaded(str(exc), code=exc.code, headers=retry_after_header(exc.retry_after))
+            return Overloaded(
+                _inference_message(exc), code=exc.code, headers=retry_after_header(exc.retry_after)
+            )
         case inference.InferenceError():
             return UpstreamError(
-                str(exc),
+                _inference_message(exc),
                 code=exc.code,
                 status=exc.status,
                 headers=retry_after_header(exc.retry_after),
@@ -201,6 +211,13 @@ def as_application_error(exc: Exception) -> ApplicationError | None:
         case drf.Throttled():
             return TooManyRequests(str(exc.detail), headers=retry_after_header(exc.wait))
     return None
+
+
+def _inference_message(exc: inference.InferenceError) -> str:
+    """What a caller reads of an inference failure: the alias that failed and the kind of
+    failure, never the upstream's host or address (the ledger and the log keep those) nor
+    what it streamed (:mod:`inference` words its own messages)."""
+    return f"Model {exc.alias!r}: {exc}" if exc.alias else str(exc)
 
 
 def mid_stream_error(exc: Exception) -> ApplicationError:

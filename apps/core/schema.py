@@ -2,11 +2,12 @@
 
 ``AutoSchema`` (``DEFAULT_SCHEMA_CLASS``) adds to each operation the errors it can answer,
 all with the one ``Error`` component (see :mod:`apps.core.exceptions`), derived from what
-the operation is: 401/403 where it needs a key, 400 where it reads a body or a query, 404
-where its path names an object, 413/415 where it reads a body, 429 where it is throttled,
-406 and 503 (a database or Redis outage) everywhere. A view's ``extend_schema`` names only
-what is specific to it (a 429 from the token budget, the inference tier's 502/504); an
-error status it names without a body gets the ``Error`` body here.
+the operation is: 401/403/429 where it needs a key (429: the team's request rate), 400
+where it reads a body or a query, 404 where its path names an object, 413/415 where it
+reads a body, 406 and 503 (a database or Redis outage) everywhere. A view's
+``extend_schema`` names only what is specific to it (a 429 from the token budget, the
+inference tier's 502/504); an error status it names without a body gets the ``Error``
+body here.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ ERROR_DESCRIPTIONS = {
     413: "invalid_request_error: payload_too_large, file_too_large",
     415: "invalid_request_error: unsupported_media_type, unsupported_file_type",
     422: "invalid_request_error",
-    429: "rate_limit_error, with Retry-After",
+    429: "rate_limit_error: rate_limited (the team's requests per second, on every "
+    "authenticated operation), with Retry-After",
     502: "upstream_error: inference_unavailable (the inference tier failed)",
     503: "overloaded: database_unavailable, redis_unavailable, queue_full, "
     "rate_limiter_unavailable; with Retry-After",
@@ -44,7 +46,7 @@ RETRY_AFTER = {
 }
 RATE_LIMIT_HEADERS = {
     f"x-ratelimit-{name}-{unit}": {"schema": {"type": schema}, "description": description}
-    for unit in ("tokens", "streams")
+    for unit in ("tokens", "streams", "requests")
     for name, schema, description in (
         ("limit", "integer", f"The limit's capacity in {unit}."),
         ("remaining", "integer", f"{unit.capitalize()} available now."),
@@ -137,15 +139,13 @@ class AutoSchema(openapi.AutoSchema):
         locations = {parameter["in"] for parameter in operation.get("parameters", [])}
         reads_body = "requestBody" in operation
         if getattr(self.view, "required_scopes", None):
-            statuses |= {401, 403}
+            statuses |= {401, 403, 429}  # 429: the team's request rate
         if reads_body or "query" in locations or "header" in locations:
             statuses.add(400)
         if "path" in locations:
             statuses.add(404)
         if reads_body:
             statuses |= {413, 415}
-        if getattr(self.view, "throttle_classes", None):
-            statuses.add(429)
         return statuses
 
     def _with_error_body(self, status: int, response: dict[str, Any]) -> None:

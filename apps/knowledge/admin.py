@@ -1,23 +1,48 @@
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 from django.contrib import admin
-from django.db.models import QuerySet
+from django.db.models import Model, QuerySet
 from django.http import HttpRequest
 
+from apps.core.audit import Actor
 from apps.knowledge.models import Chunk, Collection, Document
-from apps.knowledge.services import document_reingest
+from apps.knowledge.services import collection_delete, document_delete, document_reingest
+
+
+class ChunksGoWithTheirOwner(admin.ModelAdmin):
+    """For an admin whose deletes take chunks with them: chunks may not be deleted alone
+    (see :class:`ChunkAdmin`), which would otherwise refuse the whole delete page."""
+
+    def get_deleted_objects(
+        self, objs: Sequence[Model] | QuerySet[Any], request: HttpRequest
+    ) -> tuple[list[Any], dict[str, int], set[str], list[Any]]:
+        deleted, counts, perms_needed, protected = super().get_deleted_objects(objs, request)
+        perms_needed.discard(str(Chunk._meta.verbose_name))
+        return deleted, counts, perms_needed, protected
 
 
 @admin.register(Collection)
-class CollectionAdmin(admin.ModelAdmin):
+class CollectionAdmin(ChunksGoWithTheirOwner):
     list_display = ["name", "team", "index_base", "index_version", "created_at"]
     list_filter = ["team"]
     search_fields = ["name", "team__name"]
     readonly_fields = ["index_base", "index_version", "created_at"]
 
+    # Deletes go through the services, as the API's do: the index folder and uploaded
+    # files go, the team's cached answers are dropped, and the audit log says who.
+    def delete_model(self, request: HttpRequest, obj: Collection) -> None:
+        collection_delete(collection=obj, actor=Actor.of_user(request.user))
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Collection]) -> None:
+        for collection in queryset.select_related("team"):
+            collection_delete(collection=collection, actor=Actor.of_user(request.user))
+
 
 @admin.register(Document)
-class DocumentAdmin(admin.ModelAdmin):
+class DocumentAdmin(ChunksGoWithTheirOwner):
     list_display = [
         "title",
         "collection",
@@ -57,6 +82,15 @@ class DocumentAdmin(admin.ModelAdmin):
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # documents arrive through the API or `manage.py ingest`
 
+    # As the API's delete: vectors tombstoned (the index version moves, so cached answers
+    # quoting it miss), the ingestion hold settled, the file removed, the deletion audited.
+    def delete_model(self, request: HttpRequest, obj: Document) -> None:
+        document_delete(document=obj, actor=Actor.of_user(request.user))
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Document]) -> None:
+        for document in queryset:
+            document_delete(document=document, actor=Actor.of_user(request.user))
+
     @admin.action(description="Re-ingest selected documents")
     def reingest(self, request: HttpRequest, queryset: QuerySet[Document]) -> None:
         for document in queryset:
@@ -77,3 +111,6 @@ class ChunkAdmin(admin.ModelAdmin):
 
     def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
         return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False  # a chunk goes with its document (document_delete), never alone

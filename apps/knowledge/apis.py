@@ -13,7 +13,11 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from apps.accounts.permissions import get_caller
+from apps.accounts.permissions import (
+    get_caller,
+    role_require_manager,
+    role_require_own_or_manager,
+)
 from apps.core.idempotency import (
     REPLAYED_HEADER,
     idempotency_complete,
@@ -107,13 +111,19 @@ class CollectionDetailApi(APIView):
         )
         return Response(CollectionOutput(collection).data)
 
-    @extend_schema(responses={204: None})
+    @extend_schema(
+        responses={
+            204: None,
+            403: OpenApiResponse(description="role_forbidden: only owners and admins"),
+        }
+    )
     def delete(self, request: Request, collection_id: int) -> Response:
-        """Delete a collection with its documents, chunks and index."""
-        collection = selectors.collection_get(
-            team=get_caller(request).team, collection_id=collection_id
-        )
-        services.collection_delete(collection=collection)
+        """Delete a collection with its documents, chunks and index: owners and admins only
+        (a key of no user acts as a member)."""
+        caller = get_caller(request)
+        collection = selectors.collection_get(team=caller.team, collection_id=collection_id)
+        role_require_manager(caller=caller, action="delete collections")
+        services.collection_delete(collection=collection, actor=caller.actor)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
@@ -195,9 +205,13 @@ class CollectionDocumentsApi(APIView):
         """Add a document (multipart ``file``: txt, md, html, pdf; or JSON ``{title, text}``).
 
         Answers 202 with the document ``queued`` for ingestion; the same content uploaded
-        again to the collection answers 200 with the existing document.
+        again to the collection answers 200 with the existing document. The upload checks
+        only size, type and encoding: a file the worker cannot read, or one past a limit
+        found by reading it (``too_many_pages``, ``too_many_elements``, the parser's time
+        or memory), ends ``failed`` with the code and reason in ``error``.
         """
-        team = get_caller(request).team
+        caller = get_caller(request)
+        team = caller.team
         collection = selectors.collection_get(team=team, collection_id=collection_id)
         data = validated(self.InputSerializer, request)
         claim = idempotency_request_claim(request=request, team=team, body=data)
@@ -212,7 +226,10 @@ class CollectionDocumentsApi(APIView):
         with idempotency_guard(claim):
             if "file" in data:
                 accepted = services.document_create_from_file(
-                    collection=collection, upload=data["file"], title=str(data["title"])
+                    collection=collection,
+                    upload=data["file"],
+                    title=str(data["title"]),
+                    caller=caller,
                 )
             else:
                 accepted = services.document_create_from_text(
@@ -220,6 +237,7 @@ class CollectionDocumentsApi(APIView):
                     title=str(data["title"]),
                     text=str(data["text"]),
                     format=str(data["format"]),
+                    caller=caller,
                 )
         code = status.HTTP_202_ACCEPTED if accepted.created else status.HTTP_200_OK
         if claim is not None:
@@ -238,11 +256,28 @@ class DocumentDetailApi(APIView):
         document = selectors.document_get(team=get_caller(request).team, document_id=document_id)
         return Response(DocumentOutput(document).data)
 
-    @extend_schema(responses={204: None})
+    @extend_schema(
+        responses={
+            204: None,
+            403: OpenApiResponse(
+                description="role_forbidden: a member's (or a key of no user's) delete of a "
+                "document it did not upload"
+            ),
+        }
+    )
     def delete(self, request: Request, document_id: int) -> Response:
-        """Delete a document and remove its vectors from the index."""
-        document = selectors.document_get(team=get_caller(request).team, document_id=document_id)
-        services.document_delete(document=document)
+        """Delete a document and remove its vectors from the index: owners and admins any
+        of the team's, a member those they uploaded (signed in or with any of their keys),
+        a key of no user those it uploaded."""
+        caller = get_caller(request)
+        document = selectors.document_get(team=caller.team, document_id=document_id)
+        role_require_own_or_manager(
+            caller=caller,
+            user_id=document.user_id,
+            api_key_id=document.api_key_id,
+            action="delete other members' documents",
+        )
+        services.document_delete(document=document, actor=caller.actor)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 

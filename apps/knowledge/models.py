@@ -1,8 +1,9 @@
 from __future__ import annotations
 
+from django.conf import settings
 from django.db import models
 
-from apps.accounts.models import Team
+from apps.accounts.models import ApiKey, Team
 from apps.usage.models import Reservation
 
 
@@ -52,6 +53,11 @@ class Document(models.Model):
 
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="documents")
     collection = models.ForeignKey(Collection, on_delete=models.CASCADE, related_name="documents")
+    # Who uploaded it, so a member may delete their own; empty for the ``ingest`` command.
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True
+    )
+    api_key = models.ForeignKey(ApiKey, on_delete=models.SET_NULL, null=True, blank=True)
     title = models.CharField(max_length=300)
     filename = models.CharField(max_length=300, blank=True)
     media_type = models.CharField(max_length=100)

@@ -101,6 +101,8 @@ class LimitAdmin(admin.ModelAdmin):
         "monthly_tokens",
         "max_concurrent_streams",
         "max_tokens",
+        "requests_per_second",
+        "request_burst",
     ]
     list_filter = ["team"]
     autocomplete_fields = ["api_key"]

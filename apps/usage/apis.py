@@ -18,7 +18,13 @@ from rest_framework.views import APIView
 from apps.accounts import selectors as accounts
 from apps.accounts.permissions import get_caller
 from apps.core.validation import validated
-from apps.usage.selectors import GROUPS, key_limit_values, quota_report, usage_report
+from apps.usage.selectors import (
+    GROUPS,
+    key_limit_values,
+    quota_report,
+    usage_keys_shown,
+    usage_report,
+)
 from apps.usage.services import key_limits_set
 from apps.usage.values import LimitValues
 
@@ -64,10 +70,17 @@ class UsageApi(APIView):
 
         ``prompt_tokens`` includes ``cached_tokens``; ``completion_tokens`` includes
         ``reasoning_tokens``; cost is derived from tokens with the per-model price table.
+        Grouped by key, owners and admins see every key of the team; members only their
+        own keys (a key: itself and the keys it created), the total over those.
         """
         query = self.FilterSerializer(data=request.query_params)
         query.is_valid(raise_exception=True)
-        report = usage_report(team=get_caller(request).team, **query.validated_data)
+        caller = get_caller(request)
+        shown = usage_keys_shown(
+            manager=accounts.key_manager_for(caller=caller),
+            group_by=query.validated_data["group_by"],
+        )
+        report = usage_report(team=caller.team, api_keys=shown, **query.validated_data)
         return Response(report)
 
 
@@ -89,9 +102,10 @@ class QuotaApi(APIView):
 
 
 class KeyLimitsApi(APIView):
-    """One key's token limits: read by whoever manages the key, set by owners and admins."""
+    """One key's token limits: read by whoever manages the key, set by owners and admins;
+    either needs the ``keys`` scope, as managing the key itself does."""
 
-    required_scopes = {"GET": "read"}
+    required_scopes = {"GET": "keys", "PUT": "keys"}
 
     class LimitsSerializer(serializers.Serializer[dict[str, Any]]):
         burst_tokens = serializers.IntegerField(min_value=0, allow_null=True, default=None)

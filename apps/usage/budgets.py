@@ -450,16 +450,10 @@ def period_bounds(period: str, now: datetime, zone: ZoneInfo) -> tuple[date, dat
 
 def _refuse(refusal: Refusal) -> None:
     metrics.RATE_LIMITED.labels(refusal.code).inc()
-    unit = refusal.unit
     raise RateLimited(
         f"Limit reached ({refusal.code}); retry in {refusal.retry_after} s.",
         code=refusal.code,
-        headers={
-            "Retry-After": str(refusal.retry_after),
-            f"x-ratelimit-limit-{unit}": str(refusal.limit),
-            f"x-ratelimit-remaining-{unit}": str(refusal.remaining),
-            f"x-ratelimit-reset-{unit}": f"{refusal.retry_after}s",
-        },
+        headers=refusal.headers(),
     )
 
 

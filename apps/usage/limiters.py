@@ -50,6 +50,9 @@ class Slot:
     limit_id: int
     maximum: int
     scope: str
+    kind: str = "streams"
+    """What it counts: answer ``streams`` under a limit, or a team's open ``replays``
+    (``limit_id`` is then the team's; only :class:`RedisLimiter` keeps those)."""
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,15 @@ class Refusal:
     remaining: int
     retry_after: int
     unit: str = "tokens"
+
+    def headers(self) -> dict[str, str]:
+        """``Retry-After`` and the ``x-ratelimit-*`` headers of the 429 it becomes."""
+        return {
+            "Retry-After": str(self.retry_after),
+            f"x-ratelimit-limit-{self.unit}": str(self.limit),
+            f"x-ratelimit-remaining-{self.unit}": str(self.remaining),
+            f"x-ratelimit-reset-{self.unit}": f"{self.retry_after}s",
+        }
 
 
 @dataclass(frozen=True)
@@ -135,7 +147,7 @@ def slot_refusal(slot: Slot) -> Refusal:
 
 
 def refilled(
-    level: int, refilled_at: datetime, *, capacity: int, rate: int, now: datetime
+    level: int, refilled_at: datetime, *, capacity: int, rate: float, now: datetime
 ) -> tuple[int, datetime]:
     """Whole tokens earned since the last refill; the clock moves by what they took, so
     fractions of a token are never lost or invented."""
@@ -517,7 +529,25 @@ class RedisLimiter:
         return f"{self.prefix}bucket:{bucket.limit_id}"
 
     def _slot_key(self, slot: Slot) -> str:
-        return f"{self.prefix}streams:{slot.limit_id}"
+        return f"{self.prefix}{slot.kind}:{slot.limit_id}"
+
+    def forget(self, limit_ids: list[int], *, team_id: int | None = None) -> int:
+        """Delete every key of these limits (bucket, stream slots, each period's quota and
+        its holds), and of ``team_id`` (its request buckets, its replay slots): for rows
+        being deleted. How many keys went."""
+        deleted = 0
+        try:
+            for limit_id in limit_ids:
+                names = [f"{self.prefix}bucket:{limit_id}", f"{self.prefix}streams:{limit_id}"]
+                names += self.client.scan_iter(match=f"{self.prefix}quota:{limit_id}:*", count=500)
+                deleted += int(self.client.delete(*names))
+            if team_id is not None:
+                names = [f"{self.prefix}replays:{team_id}"]
+                names += self.client.scan_iter(match=f"{self.prefix}requests:*:{team_id}")
+                deleted += int(self.client.delete(*names))
+        except redis.RedisError as exc:
+            raise LimiterUnavailable(f"Redis is unreachable: {exc}") from exc
+        return deleted
 
     @staticmethod
     def _call(script: Any, keys: list[str], args: list[Any]) -> Any:
@@ -554,6 +584,16 @@ def limiter(store: str | None = None) -> Limiter:
     if store == "redis":
         return _redis_limiter(settings.RATE_LIMIT_REDIS_URL, settings.RATE_LIMIT_KEY_PREFIX)
     return DatabaseLimiter()
+
+
+def limiter_keys_delete(*, limit_ids: list[int], team_id: int | None = None) -> int:
+    """Drop the Redis state of these limits, and with ``team_id`` that team's own (its
+    request buckets and replay slots): none is kept elsewhere (the database's goes with
+    the rows). How many keys went."""
+    if not settings.RATE_LIMIT_REDIS_URL or not (limit_ids or team_id):
+        return 0
+    redis_limiter = _redis_limiter(settings.RATE_LIMIT_REDIS_URL, settings.RATE_LIMIT_KEY_PREFIX)
+    return redis_limiter.forget(limit_ids, team_id=team_id)
 
 
 @functools.cache

@@ -3,6 +3,7 @@ from __future__ import annotations
 import uuid
 
 from django.conf import settings
+from django.core.validators import MinValueValidator
 from django.db import models
 
 from apps.accounts.models import ApiKey, Team
@@ -79,6 +80,11 @@ class Limit(models.Model):
     ``tokens_per_minute``); period quotas count tokens per calendar day and month in the
     team's time zone; ``max_concurrent_streams`` bounds answers in flight; ``max_tokens``
     caps what one request may ask for (each model's own cap still applies).
+
+    Requests, not tokens: on the team's row only, ``requests_per_second`` and
+    ``request_burst`` size the bucket every authenticated API request of the team draws
+    one from (empty: ``REQUEST_RATE_PER_SECOND`` and ``REQUEST_BURST``; a rate of 0: no
+    request limit). They are the exception to "empty = unlimited".
     """
 
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="limits")
@@ -97,6 +103,18 @@ class Limit(models.Model):
         blank=True,
         help_text="cap on a request's max_tokens, under each model's own cap",
     )
+    requests_per_second = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="the team's API requests per second, sustained (team row only; "
+        "empty: REQUEST_RATE_PER_SECOND; 0: no request limit)",
+    )
+    request_burst = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text="API requests the team may send at once (team row only; empty: REQUEST_BURST)",
+    )
 
     class Meta:
         constraints = [
@@ -104,7 +122,14 @@ class Limit(models.Model):
                 fields=["team"],
                 condition=models.Q(api_key__isnull=True),
                 name="limit_one_per_team",
-            )
+            ),
+            models.CheckConstraint(
+                condition=models.Q(api_key__isnull=True)
+                | models.Q(requests_per_second__isnull=True, request_burst__isnull=True),
+                name="limit_request_rate_team_only",
+                violation_error_message="Request rates are the team's: set them on its row, "
+                "not on a key's.",
+            ),
         ]
 
     def __str__(self) -> str:

@@ -7,11 +7,12 @@ from decimal import Decimal
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from django.db.models import Count, F, Sum
+from django.db.models import Count, F, QuerySet, Sum
 from django.db.models.functions import TruncDate
 from django.utils import timezone
 
 from apps.accounts.models import ApiKey, Team
+from apps.accounts.selectors import KeyManager, api_key_list
 from apps.usage.budgets import limits_of, period_bounds, quota_used
 from apps.usage.limiters import LimiterUnavailable, QuotaKey, buckets_and_slots, limiter
 from apps.usage.models import Limit, QuotaCounter, Reservation, UsageRecord
@@ -34,13 +35,23 @@ def usage_tokens_total(*, team: Team, kind: str | None = None) -> int:
     return int(totals["prompt"] or 0) + int(totals["completion"] or 0)
 
 
-def usage_report(*, team: Team, start: date, end: date, group_by: str) -> dict[str, Any]:
+def usage_report(
+    *,
+    team: Team,
+    start: date,
+    end: date,
+    group_by: str,
+    api_keys: QuerySet[ApiKey] | None = None,
+) -> dict[str, Any]:
     """Token sums, requests, cost and energy for ``[start, end]`` (whole days in the team's
-    time zone), grouped by day, model, key (public prefix) or kind."""
+    time zone), grouped by day, model, key (public prefix) or kind; with ``api_keys``, of
+    those keys only (rows and total)."""
     zone = ZoneInfo(team.time_zone)
     since = datetime.combine(start, time.min, tzinfo=zone)
     until = datetime.combine(end + timedelta(days=1), time.min, tzinfo=zone)
     records = UsageRecord.objects.filter(team=team, created_at__gte=since, created_at__lt=until)
+    if api_keys is not None:
+        records = records.filter(api_key__in=api_keys)
     if group_by == "day":
         records = records.annotate(day=TruncDate("created_at", tzinfo=zone))
     sums = {name: Sum(name) for name in TOKEN_FIELDS}
@@ -60,6 +71,15 @@ def usage_report(*, team: Team, start: date, end: date, group_by: str) -> dict[s
         }
     )
     return {"start": start, "end": end, "group_by": group_by, "data": data, "total": total}
+
+
+def usage_keys_shown(*, manager: KeyManager, group_by: str) -> QuerySet[ApiKey] | None:
+    """The keys whose usage a report grouped by ``group_by`` may show the caller, None:
+    all. Grouped by key, a report names each key's prefix, so a member sees only the keys
+    they manage (``api_key_list``); owners and admins, and other groupings, see the team's."""
+    if group_by != "key" or manager.manages_team:
+        return None
+    return api_key_list(manager=manager)
 
 
 def _row(row: dict[str, Any]) -> dict[str, Any]:

@@ -123,7 +123,11 @@ def usage_record_chat(
 
 
 def _limit_values(limit: Limit) -> dict[str, int | None]:
-    return asdict(LimitValues.of(limit))
+    requests = {
+        "requests_per_second": limit.requests_per_second,
+        "request_burst": limit.request_burst,
+    }
+    return {**asdict(LimitValues.of(limit)), **requests}
 
 
 def _limit_target(limit: Limit) -> str:

@@ -5,6 +5,10 @@ from config.env import env
 # API keys are looked up once per process and kept this many seconds: a revocation, scope
 # change or deletion made in another process applies everywhere within it (0: no cache).
 API_KEY_CACHE_SECONDS = env.float("API_KEY_CACHE_SECONDS", default=5.0)
+# Failed key lookups each client address may make at once, then per minute; past them
+# 429 rate_limited (apps.accounts.probes). A burst of 0 turns the limit off.
+API_KEY_FAILURE_BURST = env.int("API_KEY_FAILURE_BURST", default=20)
+API_KEY_FAILURES_PER_MINUTE = env.float("API_KEY_FAILURES_PER_MINUTE", default=10.0)
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
@@ -26,7 +30,10 @@ REST_FRAMEWORK = {
     # drf-spectacular's, with the error responses every operation shares (apps.core.schema).
     "DEFAULT_SCHEMA_CLASS": "apps.core.schema.AutoSchema",
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
-    # Endpoints that cost CPU but no tokens (counting text), per team and process.
+    # Every authenticated request takes one from its team's request bucket, and one from
+    # its view's throttle_scope bucket where it names one (apps.usage.request_rate).
+    "DEFAULT_THROTTLE_CLASSES": ["apps.usage.throttling.TeamRequestRate"],
+    # Endpoints that cost CPU but no tokens (counting text), per team.
     "DEFAULT_THROTTLE_RATES": {"tokenize": env.str("TOKENIZE_RATE", default="600/minute")},
 }
 

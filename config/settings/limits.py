@@ -7,6 +7,15 @@ MAX_JSON_BODY_BYTES = env.int("RAGTIER_MAX_JSON_BODY_BYTES", default=1024 * 1024
 MAX_UPLOAD_BYTES = env.int("RAGTIER_MAX_UPLOAD_BYTES", default=25 * 1024 * 1024)
 MAX_PDF_PAGES = env.int("RAGTIER_MAX_PDF_PAGES", default=2000)
 MAX_DOCUMENT_CHARS = env.int("RAGTIER_MAX_DOCUMENT_CHARS", default=5_000_000)
+# Start tags in one HTML file, counted before its tree is built: the tree costs far more
+# per element than the three bytes of a `<b>` (docs/abuse.md).
+MAX_HTML_ELEMENTS = env.int("RAGTIER_MAX_HTML_ELEMENTS", default=200_000)
+# The parse stage reads every file in a child process of its own, bounded in address space
+# (MiB) and CPU seconds (0: no bound); past either the document fails, alone, with
+# `parse_memory_limit_exceeded` or `parse_time_limit_exceeded`. The time bound stays well
+# inside the stage's soft time limit, so the document fails with its own reason.
+PARSE_MEMORY_LIMIT_MB = env.int("PARSE_MEMORY_LIMIT_MB", default=1024)
+PARSE_TIME_LIMIT_SECONDS = env.int("PARSE_TIME_LIMIT_SECONDS", default=120)
 MAX_CHUNKS_PER_DOCUMENT = env.int("RAGTIER_MAX_CHUNKS_PER_DOCUMENT", default=20_000)
 MAX_COLLECTIONS_PER_TEAM = env.int("RAGTIER_MAX_COLLECTIONS_PER_TEAM", default=100)
 MAX_QUERY_CHARS = env.int("RAGTIER_MAX_QUERY_CHARS", default=4000)

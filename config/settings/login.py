@@ -1,10 +1,11 @@
 """Login throttling (django-axes) for ``/login`` and ``/admin/login/``.
 
-Failures are counted per username (known or not) and, separately, per client IP
-(``REMOTE_ADDR``: uvicorn's ``--proxy-headers`` puts the real client there behind a trusted
-proxy). Either count reaching the limit locks that username or IP out for the cool-off,
-with ``429`` in the API's error shape, before the password is hashed. A successful login
-clears that username's failures only (see ``apps.accounts.throttle``).
+Failures are counted per username (known or not) and client IP together, and per client IP
+alone (``REMOTE_ADDR``: uvicorn's ``--proxy-headers`` puts the real client there behind a
+trusted proxy). Either count reaching the limit locks that pair, or that IP, out for the
+cool-off, with ``429`` in the API's error shape, before the password is hashed. Never the
+username alone: then anyone could lock ``admin`` out for everyone with a few bad passwords.
+A successful login clears that username's failures only (see ``apps.accounts.throttle``).
 """
 
 from datetime import timedelta
@@ -19,7 +20,9 @@ AUTHENTICATION_BACKENDS = [
 
 AXES_FAILURE_LIMIT = env.int("LOGIN_FAILURE_LIMIT", default=5)
 AXES_COOLOFF_TIME = timedelta(minutes=env.float("LOGIN_COOLOFF_MINUTES", default=15.0))
-AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
+# The pair for one client's guesses at one account; the IP alone for one address spraying
+# many usernames (it counts every failure from that address).
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"], "ip_address"]
 AXES_RESET_ON_SUCCESS = env.bool("LOGIN_RESET_ON_SUCCESS", default=True)
 AXES_HANDLER = "apps.accounts.throttle.LoginAttemptHandler"
 AXES_LOCKOUT_CALLABLE = "apps.accounts.throttle.lockout_response"

@@ -31,5 +31,8 @@ INDEX_COMPACT_TIME_LIMIT = env.int("INDEX_COMPACT_TIME_LIMIT", default=3600)
 # Single-query search is faster on one OpenMP thread than on two here (bench/).
 FAISS_THREADS = env.int("FAISS_THREADS", default=1)
 INDEX_DIR = DATA_DIR / "indexes"
+# Keyword search scores at most this many distinct terms of a query (the first used):
+# a chat question may be far longer than any search (SciFact's longest uses 24 words).
+KEYWORD_MAX_QUERY_TERMS = env.int("KEYWORD_MAX_QUERY_TERMS", default=64)
 CHUNK_OVERLAP_TOKENS = env.int("CHUNK_OVERLAP_TOKENS", default=32)
 EMBED_BATCH_SIZE = env.int("EMBED_BATCH_SIZE", default=64)

@@ -33,5 +33,11 @@ RATE_LIMIT_REDIS_URL = env.str("RATE_LIMIT_REDIS_URL", default=env.str("REDIS_UR
 RATE_LIMIT_KEY_PREFIX = env.str("RATE_LIMIT_KEY_PREFIX", default="ragtier:limits:")
 RATE_LIMIT_REDIS_TIMEOUT = env.float("RATE_LIMIT_REDIS_TIMEOUT", default=0.5)
 # Redis unreachable at admission: "closed" answers 503 (nothing passes unchecked);
-# "database" enforces buckets and slots from the database until Redis is back.
+# "database" enforces buckets and slots from the database until Redis is back (request
+# buckets from the process's memory).
 RATE_LIMIT_REDIS_FALLBACK = env.str("RATE_LIMIT_REDIS_FALLBACK", default="closed")
+# Every team's authenticated API requests, unless its Limit says otherwise: this many per
+# second sustained, up to REQUEST_BURST at once (0: no request limit). In Redis when
+# RATE_LIMIT_REDIS_URL is set, else in each process.
+REQUEST_RATE_PER_SECOND = env.int("REQUEST_RATE_PER_SECOND", default=20)
+REQUEST_BURST = env.int("REQUEST_BURST", default=100)

@@ -101,12 +101,24 @@ def test_tokenizer_specs(spec: str, backend: str, options: dict[str, Any]) -> No
         ({"price": {"input": -1}}, "small.price.input"),
         ({"price": {"per_token": 1}}, "small.price"),
         ({"colour": "red"}, "unknown fields ['colour']"),
+        ({"server": "sglang"}, "small.server"),
     ],
 )
 def test_a_wrong_field_is_named(change: dict[str, Any], message: str) -> None:
     raw = {**RAW, "small": {**RAW["small"], **change}}
     with pytest.raises(RegistryError, match=message.replace("[", r"\[").replace("(", r"\(")):
         registry_parse(raw)
+
+
+def test_only_vllm_takes_a_cache_salt() -> None:
+    servers = {"small": "vllm", "large": "llama.cpp"}
+    registry = registry_parse(
+        {alias: {**fields, "server": servers[alias]} for alias, fields in RAW.items()}
+    )
+    assert registry.entries["small"].takes_cache_salt
+    assert not registry.entries["large"].takes_cache_salt
+    assert registry_parse(RAW).entries["small"].server == "other"  # unsaid: no salt
+    assert not registry_parse(RAW).entries["small"].takes_cache_salt
 
 
 def test_auto_is_reserved_and_the_default_must_exist() -> None:

@@ -15,7 +15,9 @@ from inference.client import ChatRequest, OpenAIClient, Retry, upstream_error
 from inference.errors import (
     ContextLengthExceeded,
     InferenceError,
+    InferenceTimeout,
     InferenceUnavailable,
+    UpstreamProtocolError,
     UpstreamRateLimited,
     UpstreamRejected,
 )
@@ -98,3 +100,58 @@ async def test_a_long_retry_after_is_handed_on_in_full_not_waited_out() -> None:
             pass
     assert raised.value.retry_after == 120  # not capped at the client's 8 s backoff
     assert len(calls) == 1
+
+
+def test_a_request_carries_its_cache_salt_only_when_given() -> None:
+    request = ChatRequest(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+    assert "cache_salt" not in request.body()
+    salted = request.for_model(model="n", max_tokens=2, reasoning_opened=False, cache_salt="s1")
+    assert salted.body()["cache_salt"] == "s1" and salted.body()["model"] == "n"
+    assert "s1" not in repr(salted)
+
+
+async def failure_of(handler: httpx.MockTransport) -> InferenceError:
+    client = OpenAIClient(
+        base_url="http://10.0.0.7:8000/v1",
+        transport=handler,
+        retry=Retry(attempts=1),
+    )
+    request = ChatRequest(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+    with pytest.raises(InferenceError) as raised:
+        async for _ in client.stream_chat(request):
+            pass
+    return raised.value
+
+
+@pytest.mark.parametrize(
+    ("fault", "error", "says"),
+    [
+        (httpx.ConnectError, InferenceUnavailable, "refused or failed"),
+        (httpx.ConnectTimeout, InferenceTimeout, "connection timed out"),
+        (httpx.RemoteProtocolError, InferenceUnavailable, "broke off"),
+        (httpx.ReadError, InferenceUnavailable, "connection failed"),
+    ],
+)
+async def test_a_transport_failure_is_named_by_its_kind_never_its_address(
+    fault: type[httpx.TransportError], error: type[InferenceError], says: str
+) -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        raise fault(f"Cannot connect to host 10.0.0.7:8000 ssl:default [{SECRET_TEXT}]")
+
+    failure = await failure_of(httpx.MockTransport(handler))
+    assert type(failure) is error
+    assert says in str(failure)
+    assert "10.0.0.7" not in str(failure) and "8000" not in str(failure)
+
+
+async def test_a_broken_stream_line_is_told_by_its_size_never_its_text() -> None:
+    line = b'data: {"choices": [{"delta": {"content": "the secret answer'
+    body = b'data: {"choices": [{"delta": {"content": "Hi"}}]}\n\n' + line + b"\n\n"
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=body, headers={"content-type": "text/event-stream"})
+
+    failure = await failure_of(httpx.MockTransport(handler))
+    assert type(failure) is UpstreamProtocolError
+    assert "secret" not in str(failure)
+    assert f"a {len(line) - len(b'data: ')}-byte line" in str(failure)

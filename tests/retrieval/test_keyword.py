@@ -3,7 +3,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from retrieval import IndexCorrupted, KeywordIndex, keyword_tokens
+from retrieval import IndexCorrupted, KeywordIndex, KeywordQuery, keyword_query, keyword_tokens
+from retrieval.keyword import _Part
 
 TEXTS = [
     "Replacement fans ship under the order code XQ-7781-B.",
@@ -71,3 +72,36 @@ def test_write_is_atomic_replaces_a_rolled_back_version_and_round_trips(tmp_path
     np.save(path / "ids.npy", np.array([1, 2], dtype=np.int64))
     with pytest.raises(IndexCorrupted, match="2 ids"):
         KeywordIndex.read(path)
+
+
+def test_each_distinct_query_term_is_looked_up_once_and_weighs_as_often_as_used(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A word pasted ten thousand times is one pass over its postings, not ten thousand;
+    the ranking and scores are what bm25s gives (each use summed)."""
+    index = KeywordIndex.build(IDS, TEXTS)
+    looked_up: list[str] = []
+    postings = _Part.postings
+
+    def counted(part: _Part, token: str) -> object:
+        looked_up.append(token)
+        return postings(part, token)
+
+    monkeypatch.setattr(_Part, "postings", counted)
+    repeated = index.search("running " * 10_000, 5)
+    assert looked_up == ["run"]
+    once = index.search("running", 5)
+    assert [hit.id for hit in repeated] == [hit.id for hit in once] == [30]
+    for many, one in zip(repeated, once, strict=True):
+        assert many.score == pytest.approx(10_000 * one.score, rel=1e-5)
+
+
+def test_a_query_keeps_its_first_distinct_terms_up_to_the_cap() -> None:
+    query = keyword_query("soup running soups shoes cafeteria", max_terms=2)
+    assert query == KeywordQuery(terms=("soup", "run"), counts=(2, 1))
+    assert keyword_query("the and of") == KeywordQuery(terms=(), counts=())
+    index = KeywordIndex.build(IDS, TEXTS)
+    assert index.search(query, 5) == index.search("soup soup running", 5)
+    assert index.search(keyword_query("cafeteria shoes", max_terms=1), 5) == index.search(
+        "cafeteria", 5
+    )

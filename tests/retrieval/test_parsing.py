@@ -1,6 +1,7 @@
 import io
 import json
 import re
+from collections.abc import Callable
 
 import pypdf
 import pytest
@@ -17,6 +18,7 @@ from retrieval import (
     pdf_page_count,
 )
 from retrieval.parsing import HTML, MARKDOWN, MAX_HEADING_CHARS, PDF, TEXT, _heading
+from tests import hostile_files
 
 
 def make_pdf(pages: list[str]) -> bytes:
@@ -295,3 +297,101 @@ def test_text_limit_applies_to_every_format() -> None:
         assert raised.value.code == "document_too_large"
     doc = parse_document(b"<p>twelve chars</p>", media_type=HTML, title="t", max_chars=12)
     assert doc.char_count == 12
+
+
+# -- hostile files (tests/hostile_files.py): each fails alone, as UnsupportedDocument or a
+# limit, never with whatever the parser happened to raise ------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (hostile_files.deeply_nested_pdf, "nested too deeply"),
+        (lambda: hostile_files.stream_bomb_pdf(96), "Limit reached while decompressing"),
+    ],
+    ids=["deeply-nested", "stream-bomb"],
+)
+def test_a_hostile_pdf_is_unsupported_whatever_pypdf_raises(
+    build: Callable[[], bytes], message: str
+) -> None:
+    with pytest.raises(UnsupportedDocument) as raised:
+        parse_document(build(), media_type=PDF, title="", max_pages=2000, max_chars=5_000_000)
+    assert raised.value.code == "unsupported_document"
+    assert str(raised.value).startswith("not a readable PDF: ")
+    assert message in str(raised.value)
+
+
+def test_a_page_tree_bomb_is_refused_by_its_declared_count_before_the_tree_is_walked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A billion pages in 18 kB: one node repeated a thousand times at each level."""
+    data = hostile_files.page_tree_bomb_pdf()
+    walked: list[int] = []
+    flatten = pypdf.PdfReader._flatten
+    monkeypatch.setattr(
+        pypdf.PdfReader, "_flatten", lambda *a, **k: walked.append(1) or flatten(*a, **k)
+    )
+    with pytest.raises(DocumentTooLarge) as raised:
+        parse_document(data, media_type=PDF, title="", max_pages=2000)
+    assert (raised.value.code, str(raised.value)) == (
+        "too_many_pages",
+        "the PDF has 1000000000 pages; the limit is 2000",
+    )
+    assert walked == []
+    monkeypatch.undo()
+    # Without a page limit, walking it ends at pypdf's own limit, as unreadable.
+    with pytest.raises(UnsupportedDocument) as unreadable:
+        parse_document(data, media_type=PDF, title="")
+    assert "page tree entry limit" in str(unreadable.value)
+    with pytest.raises(UnsupportedDocument):
+        pdf_page_count(data)
+
+
+def test_a_pdf_with_a_broken_cross_reference_table_is_read_or_refused() -> None:
+    try:
+        doc = parse_document(hostile_files.broken_xref_pdf(), media_type=PDF, title="")
+    except UnsupportedDocument:
+        return
+    assert [b.text for b in doc.blocks] == ["Dates grow on palms"]  # rebuilt from the objects
+
+
+def test_html_past_the_element_cap_is_refused_before_its_tree_is_built(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import bs4
+
+    built: list[int] = []
+    monkeypatch.setattr(bs4, "BeautifulSoup", lambda *a, **k: built.append(1))
+    with pytest.raises(DocumentTooLarge) as raised:
+        parse_document(
+            hostile_files.one_tag_html(), media_type=HTML, title="", max_html_elements=200_000
+        )
+    assert raised.value.code == "too_many_elements"
+    assert str(raised.value) == "the HTML has more than 200000 elements; the limit is 200000"
+    assert built == []
+
+
+def test_html_within_the_element_cap_is_read() -> None:
+    html = "<h2>Tea</h2>" + "<p>Green.</p>" * 3
+    doc = parse_document(html.encode(), media_type=HTML, title="", max_html_elements=4)
+    assert [b.text for b in doc.blocks] == ["Green."] * 3
+    with pytest.raises(DocumentTooLarge):
+        parse_document(html.encode(), media_type=HTML, title="", max_html_elements=3)
+
+
+def test_deeply_nested_html_within_the_cap_is_read() -> None:
+    data = hostile_files.deeply_nested_html(20_000)
+    doc = parse_document(data, media_type=HTML, title="", max_html_elements=200_000)
+    assert [b.text for b in doc.blocks] == ["deep"]
+
+
+def test_any_error_from_the_html_parser_is_unsupported(monkeypatch: pytest.MonkeyPatch) -> None:
+    import bs4
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise AssertionError("expected name token")  # what html.parser has raised on junk
+
+    monkeypatch.setattr(bs4, "BeautifulSoup", broken)
+    with pytest.raises(UnsupportedDocument) as raised:
+        parse_document(b"<p>x</p>", media_type=HTML, title="")
+    assert str(raised.value) == "not a readable document: expected name token"

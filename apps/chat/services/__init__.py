@@ -4,7 +4,7 @@ An answer is prepared (:mod:`.prepare`: admission, retrieval, the prompt), run
 (:mod:`.run`: a slot at the tier, the stream of typed events from :mod:`.types`, its
 events journalled for replay by :mod:`.journal`), settled once (:mod:`.settle`: its
 messages, usage block and ledger row) and, for the non-streaming surfaces, collected
-(:mod:`.collect`).
+(:mod:`.collect`). A replay follows an answer's stored events (:mod:`.replay`).
 """
 
 from apps.chat.services.collect import CollectedAnswer, answer_collect
@@ -26,7 +26,14 @@ from apps.chat.services.models import (
     tokenizer,
 )
 from apps.chat.services.prepare import PreparedAnswer, answer_prepare
+from apps.chat.services.replay import (
+    ReplaySlot,
+    message_events_follow,
+    replay_follow,
+    replay_slot_take,
+)
 from apps.chat.services.run import AnswerRun, answer_events, answer_start
+from apps.chat.services.teams import PurgeReport, team_purge
 from apps.chat.services.types import AnswerEvent
 
 __all__ = [
@@ -36,6 +43,8 @@ __all__ = [
     "ModelChoice",
     "ModelSpec",
     "PreparedAnswer",
+    "PurgeReport",
+    "ReplaySlot",
     "answer_collect",
     "answer_events",
     "answer_prepare",
@@ -44,11 +53,15 @@ __all__ = [
     "conversation_delete",
     "inference_client",
     "message_cancel",
+    "message_events_follow",
     "model_alias_resolve",
     "model_aliases",
     "model_choose",
     "model_registry",
     "model_resolve",
+    "replay_follow",
+    "replay_slot_take",
+    "team_purge",
     "text_count",
     "tokenizer",
 ]

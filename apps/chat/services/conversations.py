@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 from django.db import transaction
+from django.db.models import QuerySet
 
 from apps.accounts.selectors import Caller
 from apps.chat.events import event_buffers_delete
@@ -48,7 +49,7 @@ def conversation_delete(*, conversation: Conversation) -> None:
     after. An answer that had written nothing yet (queued at the tier) finds the
     conversation gone when it does, and stops (:class:`~.settle.ConversationGone`)."""
     team_id = conversation.team_id
-    answers_stop(conversation=conversation)
+    answers_stop(messages=conversation.messages.all())
     with transaction.atomic():
         # Locked first: an answer's rows written meanwhile wait for this delete, then
         # find the conversation gone, instead of pointing at a deleted row.
@@ -59,10 +60,10 @@ def conversation_delete(*, conversation: Conversation) -> None:
         transaction.on_commit(lambda: response_cache_purge(team_id=team_id))
 
 
-def answers_stop(*, conversation: Conversation, wait: float = ANSWER_STOP_SECONDS) -> None:
-    """Ask every answer streaming in ``conversation`` to stop, and wait until each has
+def answers_stop(*, messages: QuerySet[Message], wait: float = ANSWER_STOP_SECONDS) -> None:
+    """Ask every answer streaming among ``messages`` to stop, and wait until each has
     settled (its message no longer ``streaming``) or ``wait`` seconds have passed."""
-    running = conversation.messages.filter(status=Message.Status.STREAMING)
+    running = messages.filter(status=Message.Status.STREAMING)
     if not running.update(cancel_requested=True):
         return
     deadline = time.monotonic() + wait

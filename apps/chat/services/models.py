@@ -19,6 +19,7 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver
+from django.utils.crypto import salted_hmac
 from redis.exceptions import RedisError
 
 from apps.accounts.models import Team
@@ -131,6 +132,7 @@ def _registry_from_aliases() -> Registry:
             max_output_tokens=int(str(config["max_output_tokens"])),
             api_key=settings.INFERENCE_API_KEY or None,
             reasoning_opened=bool(config.get("reasoning_opened", False)),
+            server=settings.INFERENCE_SERVER,
         )
         for alias, config in settings.MODEL_ALIASES.items()
     }
@@ -214,7 +216,9 @@ async def tier_context_window(entry: ModelEntry) -> int:
         raise UpstreamError(
             f"the tier reports no max_model_len for {entry.model!r}; set its context window"
         )
-    raise UpstreamError(f"cannot read the context window from the tier: {failure}")
+    raise UpstreamError(
+        f"cannot read the context window of {entry.alias!r} from the tier: {failure}"
+    )
 
 
 def output_tokens_resolve(
@@ -252,16 +256,20 @@ def text_count(*, alias: str | None, text: str) -> TokenCount:
     return TokenCount(model=entry.alias, tokens=entry.tokenizer.load().count(text) if text else 0)
 
 
-def route_targets(*, spec: ModelSpec, request: ChatRequest, affinity: str) -> list[Target]:
+def route_targets(
+    *, spec: ModelSpec, request: ChatRequest, affinity: str, cache_salt: str
+) -> list[Target]:
     """Where to send an answer, in the order to try: the alias's upstreams by rendezvous
     hashing on ``affinity`` (a conversation keeps its upstream, and the upstream's prefix
-    cache), then its fallback alias's, and so on."""
+    cache), then its fallback alias's, and so on. Each request to a server that takes one
+    carries the team's ``cache_salt`` (:func:`cache_salt_derive`)."""
     targets = []
     for entry in model_registry().chain(spec.alias):
         entry_request = request.for_model(
             model=entry.model,
             max_tokens=min(request.max_tokens, entry.max_output_tokens),
             reasoning_opened=entry.reasoning_opened,
+            cache_salt=cache_salt if entry.takes_cache_salt else None,
         )
         targets.extend(
             Target(alias=entry.alias, upstream=url, request=entry_request, api_key=entry.api_key)
@@ -270,13 +278,26 @@ def route_targets(*, spec: ModelSpec, request: ChatRequest, affinity: str) -> li
     return targets
 
 
-def affinity_key(*, conversation_id: int, opening: str) -> str:
-    """What pins an answer to an upstream: its conversation, or without one (the OpenAI
-    surface keeps none by default) the head of its prompt, which stays the same from turn
-    to turn."""
+def affinity_key(*, team_id: int, conversation_id: int, opening: str) -> str:
+    """What pins an answer to an upstream: its team's conversation, or without one (the
+    OpenAI surface keeps none by default) the team and the head of its prompt, which stays
+    the same from turn to turn. The team is in every key: two teams sending the same
+    system prompt share no placement by it."""
     if conversation_id:
-        return f"conversation:{conversation_id}"
-    return "prompt:" + hashlib.blake2b(opening.encode(), digest_size=16).hexdigest()
+        return f"team:{team_id}:conversation:{conversation_id}"
+    head = hashlib.blake2b(opening.encode(), digest_size=16).hexdigest()
+    return f"team:{team_id}:prompt:{head}"
+
+
+CACHE_SALT_PURPOSE = "ragtier.inference.cache_salt"
+
+
+def cache_salt_derive(*, team_id: int) -> str:
+    """The team's prefix-cache salt (vLLM's ``cache_salt``): an HMAC of its id under the
+    server's secret, so the tier sees no team id and no team can work out another's.
+    Requests share cached prefix blocks only with the same salt, so a team's
+    ``cached_tokens`` count only its own earlier prompts."""
+    return salted_hmac(CACHE_SALT_PURPOSE, str(team_id), algorithm="sha256").hexdigest()
 
 
 def inference_client(upstream: str, *, api_key: str | None = None) -> OpenAIClient:

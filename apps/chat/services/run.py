@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import replace
 from types import TracebackType
 from typing import Any, TypeVar
@@ -37,6 +37,7 @@ from apps.chat.services.models import (
     Slot,
     affinity_key,
     breaker,
+    cache_salt_derive,
     inference_client,
     model_registry,
     route_targets,
@@ -78,6 +79,8 @@ from inference import (
     Failover,
     Finished,
     InferenceError,
+    Interrupt,
+    Interrupted,
     ModelEntry,
     OpenAIClient,
     ReasoningDelta,
@@ -149,8 +152,16 @@ class _Unqueued:
 
 
 def _failover(prepared: PreparedAnswer, keys: AnswerKeys) -> Failover:
-    affinity = affinity_key(conversation_id=keys.conversation_id, opening=prepared.opening)
-    targets = route_targets(spec=prepared.spec, request=prepared.request, affinity=affinity)
+    team_id = prepared.caller.team.pk
+    affinity = affinity_key(
+        team_id=team_id, conversation_id=keys.conversation_id, opening=prepared.opening
+    )
+    targets = route_targets(
+        spec=prepared.spec,
+        request=prepared.request,
+        affinity=affinity,
+        cache_salt=cache_salt_derive(team_id=team_id),
+    )
     return Failover(targets, breaker=breaker(), client=_client)
 
 
@@ -188,9 +199,11 @@ class AnswerRun:
         self.journal = Journal(keep=prepared.store)
         self.entered = False
         self._cancelled: asyncio.Event | None = None
+        self.interrupt = Interrupt()
+        """Ends a wait for the tier at once when this answer is to stop (cancel, delete)."""
         events: AsyncIterator[Event]
         if failover is not None:
-            events = failover.stream(switch=self._switch)
+            events = failover.stream(switch=self._switch, interrupt=self.interrupt)
         else:  # replayed from the response cache
             assert cached is not None  # noqa: S101 - answer_start passes one or the other
             events = _replayed(cached)
@@ -239,7 +252,7 @@ class AnswerRun:
         if prepared.store:
             loop = asyncio.get_running_loop()
             self._rows_due = loop.call_later(ROWS_AFTER_SECONDS, self.write_rows)
-            self._cancelled = _cancel_watch().watch(self.message_id)
+            self._cancelled = _cancel_watch().watch(self.message_id, self.interrupt)
         return Started(
             message_id=self.message_id,
             conversation_id=self.conversation_id,
@@ -263,6 +276,7 @@ class AnswerRun:
     def _rows_written(self, rows: asyncio.Future[None]) -> None:
         if not rows.cancelled() and isinstance(rows.exception(), ConversationGone):
             self.gone = True
+            self.interrupt()  # stops now, even while the tier prefills
         elif rows.cancelled() or rows.exception() is not None:  # settle writes them
             logger.warning("message %s: rows not written yet: %r", self.message_id, rows)
         else:
@@ -319,6 +333,7 @@ class AnswerRun:
         prepared, generation = self.prepared, self.generation
         if (
             prepared.cache_key is None
+            or self.gone  # its conversation was deleted: nothing of it outlives the delete
             or self.cached is not None
             or self.status != Message.Status.COMPLETE
             or self.error is not None
@@ -341,6 +356,7 @@ class AnswerRun:
         if stored:
             self.journal.message_id = self.message_id
         else:  # nothing to replay, or its conversation is gone: nothing more is written
+            self.gone = self.gone or self.prepared.store
             self.journal.message_id = 0
             self.journal.pending.clear()
 
@@ -434,6 +450,8 @@ async def answer_events(run: AnswerRun) -> AsyncIterator[AnswerEvent]:
                     if run.cancel_requested:
                         run.end(Message.Status.CANCELLED, "cancelled")
                         break
+            except Interrupted:  # a cancel or a delete, while the tier prefilled or stalled
+                run.end(Message.Status.CANCELLED, "cancelled")
             except InferenceError as exc:
                 run.end(Message.Status.FAILED, "error", error=as_application_error(exc))
             except Exception as exc:  # anything else mid-stream: said in-band, then settled
@@ -516,11 +534,12 @@ class _CancelWatch:
     would be a thousand queries a second)."""
 
     def __init__(self) -> None:
-        self.events: dict[int, asyncio.Event] = {}
+        self.events: dict[int, tuple[asyncio.Event, Callable[[], None]]] = {}
         self.task: asyncio.Task[None] | None = None
 
-    def watch(self, message_id: int) -> asyncio.Event:
-        event = self.events.setdefault(message_id, asyncio.Event())
+    def watch(self, message_id: int, on_cancel: Callable[[], None]) -> asyncio.Event:
+        """An event set (and ``on_cancel`` called) once a cancel of the answer is asked."""
+        event, _ = self.events.setdefault(message_id, (asyncio.Event(), on_cancel))
         if self.task is None or self.task.done():
             self.task = asyncio.create_task(self._poll())
         return event
@@ -538,7 +557,10 @@ class _CancelWatch:
                 continue
             for message_id in asked:
                 if message_id in self.events:
-                    self.events[message_id].set()
+                    event, on_cancel = self.events[message_id]
+                    if not event.is_set():
+                        event.set()
+                        on_cancel()
 
 
 @loop_cached

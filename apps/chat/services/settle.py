@@ -103,7 +103,9 @@ def usage_of(
         prompt_tokens = cached_tokens = completion_tokens = reasoning_tokens = 0
     elif upstream is not None:
         prompt_tokens, completion_tokens = upstream.prompt_tokens, upstream.completion_tokens
-        cached_tokens = upstream.cached_tokens
+        # A server without a per-team cache salt counts hits on any tenant's prefix: its
+        # figure would let one team confirm another's prompt, so it is reported as 0.
+        cached_tokens = upstream.cached_tokens if served.takes_cache_salt else 0
         if upstream.reasoning_tokens is not None:
             reasoning_tokens = upstream.reasoning_tokens
         else:

@@ -6,9 +6,12 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 
 from apps.accounts.models import Team
+from apps.core.audit import SYSTEM, Actor, audit_record
 from apps.core.exceptions import InvalidRequest
+from apps.core.models import AuditEvent
 from apps.knowledge.models import Collection, Document
 from apps.knowledge.services.indexing import index_store
+from apps.knowledge.services.ingestion import ACTIVE, document_release
 from apps.knowledge.signals import team_documents_deleted
 
 
@@ -33,11 +36,18 @@ def collection_create(*, team: Team, name: str, description: str = "") -> Collec
             ) from None
 
 
-def collection_delete(*, collection: Collection) -> None:
-    """The collection, its documents and chunks; once committed, its index files, its
-    documents' uploaded files and the team's cached answers (some may quote it)."""
+def collection_delete(*, collection: Collection, actor: Actor = SYSTEM) -> None:
+    """The collection, its documents and chunks, with an audit record; once committed, its
+    index files, its documents' uploaded files and the team's cached answers (some may
+    quote it). A document still being ingested is settled first, as its own delete
+    settles it: charged for what it embedded so far, the rest of its hold given back."""
     key, team_id = collection.index_key, collection.team_id
     with transaction.atomic():
+        active = Document.objects.select_for_update().filter(
+            collection=collection, status__in=ACTIVE
+        )
+        for document in active:
+            document_release(document=document)
         sources = [
             name
             for name in Document.objects.filter(collection=collection).values_list(
@@ -45,6 +55,13 @@ def collection_delete(*, collection: Collection) -> None:
             )
             if name
         ]
+        audit_record(
+            action=AuditEvent.Action.COLLECTION_DELETED,
+            actor=actor,
+            team=collection.team,
+            target=f"collection {collection.pk} {collection.name}",
+            detail={"documents": len(sources)},
+        )
         collection.delete()
         transaction.on_commit(lambda: _files_delete(key, sources))
         transaction.on_commit(

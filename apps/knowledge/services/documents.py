@@ -12,13 +12,16 @@ from django.conf import settings
 from django.core.files.base import ContentFile, File
 from django.db import IntegrityError, transaction
 
+from apps.accounts.selectors import Caller
+from apps.core.audit import SYSTEM, Actor, audit_record
 from apps.core.crypto import encrypt_bytes
 from apps.core.exceptions import InvalidRequest, PayloadTooLarge, UnsupportedFileType
+from apps.core.models import AuditEvent
 from apps.knowledge.models import Chunk, Collection, Document
 from apps.knowledge.services.indexing import collection_index_append, index_store
 from apps.knowledge.services.ingestion import document_release, ingestion_enqueue
 from apps.knowledge.signals import team_documents_deleted
-from retrieval import UnsupportedDocument, detect_media_type, pdf_page_count
+from retrieval import UnsupportedDocument, detect_media_type
 from retrieval.parsing import MARKDOWN, PDF, TEXT
 
 logger = logging.getLogger(__name__)
@@ -34,9 +37,21 @@ class Accepted:
 
 
 def document_create_from_file(
-    *, collection: Collection, upload: File, title: str = "", enqueue: bool = True
+    *,
+    collection: Collection,
+    upload: File,
+    title: str = "",
+    enqueue: bool = True,
+    caller: Caller | None = None,
 ) -> Accepted:
-    """Accept an uploaded file after every cheap check: size, type, encoding, pages."""
+    """Accept an uploaded file after every cheap check: size, type (extension and magic
+    bytes), a text file's encoding and length. A PDF is not opened here: the worker's
+    bounded parse stage counts its pages (``too_many_pages``) and reads it, so that no
+    file costs the web process more than a pass over its bytes.
+
+    ``caller``: the uploader a new document records (its user and key), so a member may
+    delete their own; None (the ``ingest`` command) records no one. Content already in the
+    collection keeps its first uploader."""
     if upload.size is not None and upload.size > settings.MAX_UPLOAD_BYTES:
         raise PayloadTooLarge(
             f"The file is {upload.size} bytes; the limit is {settings.MAX_UPLOAD_BYTES}.",
@@ -57,16 +72,7 @@ def document_create_from_file(
         media_type = detect_media_type(filename, data[:8])
     except UnsupportedDocument as exc:
         raise UnsupportedFileType(str(exc), param="file") from exc
-    page_count = None
-    if media_type == PDF:
-        page_count = pdf_page_count(data)
-        if page_count > settings.MAX_PDF_PAGES:
-            raise PayloadTooLarge(
-                f"The PDF has {page_count} pages; the limit is {settings.MAX_PDF_PAGES}.",
-                code="too_many_pages",
-                param="file",
-            )
-    else:
+    if media_type != PDF:
         _check_text(data)
     title = title.strip() or PurePath(filename).stem
     return _document_accept(
@@ -75,14 +81,21 @@ def document_create_from_file(
         media_type=media_type,
         title=title,
         filename=filename,
-        page_count=page_count,
         enqueue=enqueue,
+        caller=caller,
     )
 
 
 def document_create_from_text(
-    *, collection: Collection, title: str, text: str, format: str = "text", enqueue: bool = True
+    *,
+    collection: Collection,
+    title: str,
+    text: str,
+    format: str = "text",
+    enqueue: bool = True,
+    caller: Caller | None = None,
 ) -> Accepted:
+    """Accept a text or Markdown document; ``caller`` as for :func:`document_create_from_file`."""
     if len(text) > settings.MAX_DOCUMENT_CHARS:
         raise PayloadTooLarge(
             f"The text has {len(text)} characters; the limit is {settings.MAX_DOCUMENT_CHARS}.",
@@ -99,8 +112,8 @@ def document_create_from_text(
         media_type=media_type,
         title=title.strip(),
         filename=f"{_slug(title)}{suffix}",
-        page_count=None,
         enqueue=enqueue,
+        caller=caller,
     )
 
 
@@ -131,8 +144,8 @@ def _document_accept(
     media_type: str,
     title: str,
     filename: str,
-    page_count: int | None,
     enqueue: bool,
+    caller: Caller | None,
 ) -> Accepted:
     content_hash = hashlib.sha256(data).hexdigest()
     existing = Document.objects.filter(collection=collection, content_hash=content_hash).first()
@@ -141,12 +154,13 @@ def _document_accept(
     document = Document(
         team_id=collection.team_id,
         collection=collection,
+        user=caller.user if caller is not None else None,
+        api_key=caller.api_key if caller is not None else None,
         title=title[:300],
         filename=filename[:300],
         media_type=media_type,
         size_bytes=len(data),
         content_hash=content_hash,
-        page_count=page_count,
     )
     try:
         with transaction.atomic():
@@ -168,8 +182,9 @@ def _existing(document: Document) -> Accepted:
     return Accepted(document, created=False)
 
 
-def document_delete(*, document: Document) -> None:
-    """Remove the document, its chunks and their vectors, in one transaction.
+def document_delete(*, document: Document, actor: Actor = SYSTEM) -> None:
+    """Remove the document, its chunks and their vectors, in one transaction, and say so
+    in the audit log.
 
     A document deleted while it is being embedded is charged for the tokens spent so far,
     and its quota reservation is settled on them rather than left to expire.
@@ -184,6 +199,13 @@ def document_delete(*, document: Document) -> None:
         if chunk_ids and current.status == Document.Status.INDEXED:
             _index_delete(collection_id=document.collection_id, chunk_ids=chunk_ids)
         document.delete()
+        audit_record(
+            action=AuditEvent.Action.DOCUMENT_DELETED,
+            actor=actor,
+            team=current.team,
+            target=f"document {current.pk}",
+            detail={"collection": current.collection_id, "chunks": len(chunk_ids)},
+        )
         transaction.on_commit(lambda: source.delete(save=False))
         # Its index version moved, so cached answers quoting it miss; their owner drops them.
         transaction.on_commit(

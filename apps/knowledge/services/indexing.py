@@ -200,9 +200,15 @@ def collection_index_compact(*, collection_id: int, force: bool = False) -> bool
         row = Collection.objects.select_for_update().filter(pk=collection_id).first()
         moved = row is None or row.index_base != state.base or row.index_version < state.version
         written = store.path(collection.index_key, state.version).exists()
+        if row is None:
+            # Deleted while this built: its delete may have dropped the folder before the
+            # new base was written into it, so what remains is this compaction's to remove.
+            logger.info("collection %s: deleted during compaction", collection_id)
+            store.drop(collection.index_key)
+            return False
         if moved or not written:
             logger.info("collection %s: compaction to %s lost its race", collection_id, state)
-            if row is not None and row.index_base != state.version:
+            if row.index_base != state.version:
                 remove_entry(store.path(collection.index_key, state.version))
                 remove_entry(store.keyword_path(collection.index_key, state.version))
             return False

@@ -61,7 +61,7 @@ from retrieval import (
     UnsupportedDocument,
     chunk_document,
     embedding_text,
-    parse_document,
+    parse_document_bounded,
 )
 
 logger = logging.getLogger(__name__)
@@ -311,13 +311,15 @@ def _advance(document: Document, stage: str, **fields: object) -> None:
 
 
 def _failing_the_document(stage: Callable[..., None]) -> Callable[..., None]:
-    """A document that cannot be read or is too large fails with the reason; other errors
-    propagate (the task retries transient ones; the stalled sweep catches the rest)."""
+    """A document that cannot be read or is too large fails with the reason, its error
+    starting with the code (``too_many_pages: …``, ``unsupported_document: …``), and the
+    stage returns, so its place with the workers goes to the next document at once; other
+    errors propagate (the task retries transient ones; the stalled sweep catches the rest)."""
 
     def run(*, document_id: int, **options: object) -> None:
         try:
             stage(document_id, **options)
-        except DocumentTooLarge as exc:  # the error starts with the limit's code
+        except (DocumentTooLarge, UnsupportedDocument) as exc:
             document_fail(document_id=document_id, error=f"{exc.code}: {exc}")
         except RetrievalError as exc:
             document_fail(document_id=document_id, error=str(exc))
@@ -332,15 +334,21 @@ def _parse(document_id: int) -> None:
         return
     with document.source.open("rb") as handle:
         data = decrypt_bytes(handle.read())
-    parsed = parse_document(
+    # In a child process bounded in time and memory: whatever the file does to the parser
+    # (deep recursion, a decompression bomb, a crash) fails this document and no other.
+    # Pages are counted here, not at upload, so the web process never reads a PDF.
+    parsed = parse_document_bounded(
         data,
         media_type=document.media_type,
         title="",
         max_pages=settings.MAX_PDF_PAGES,  # refused before any page is read
         max_chars=settings.MAX_DOCUMENT_CHARS,  # a PDF stops being read past it
+        max_html_elements=settings.MAX_HTML_ELEMENTS,  # refused before the tree is built
+        memory_limit_mb=settings.PARSE_MEMORY_LIMIT_MB,
+        time_limit_seconds=settings.PARSE_TIME_LIMIT_SECONDS,
     )
     if not parsed.blocks:
-        raise UnsupportedDocument("the document contains no text")
+        raise UnsupportedDocument("the document contains no text", code="empty_document")
     # The document's own title (Markdown H1, HTML <title>, PDF metadata) beats a file name.
     title = document.title
     if parsed.title and (not title or title == PurePath(document.filename).stem):

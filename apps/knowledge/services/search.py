@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
+from django.conf import settings
 from django.db import transaction
 
 from apps.accounts.selectors import Caller
@@ -21,7 +22,14 @@ from apps.knowledge.services.indexing import collection_index_load, embedder
 from apps.usage.budgets import budget_reserve, budget_settle, limits_cache
 from apps.usage.models import UsageRecord
 from apps.usage.services import usage_record_embedding
-from retrieval import Hit, IndexCorrupted, SegmentedIndex, fusion_depth, reciprocal_rank_fusion
+from retrieval import (
+    Hit,
+    IndexCorrupted,
+    SegmentedIndex,
+    fusion_depth,
+    keyword_query,
+    reciprocal_rank_fusion,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -182,11 +190,13 @@ def _dense_search(
 def _keyword_search(
     *, query: str, collections: list[Collection], allowed: dict[int, np.ndarray] | None, k: int
 ) -> list[Hit]:
-    """Search each collection's BM25 index; no model runs, nothing is charged."""
+    """Search each collection's BM25 index; no model runs, nothing is charged. The query
+    is analysed once, its distinct terms capped (``KEYWORD_MAX_QUERY_TERMS``)."""
+    terms = keyword_query(query, max_terms=settings.KEYWORD_MAX_QUERY_TERMS)
     hits: list[Hit] = []
     for collection in collections:
         subset = None if allowed is None else allowed[collection.pk]
-        hits.extend(_loaded(collection).keyword_search(query, k, allowed=subset))
+        hits.extend(_loaded(collection).keyword_search(terms, k, allowed=subset))
     hits.sort(key=lambda hit: (-hit.score, hit.id))
     return hits[:k]
 

@@ -1,3 +1,4 @@
+import re
 from io import StringIO
 
 import pytest
@@ -99,15 +100,32 @@ def test_createteam_and_createapikey_commands(db: None) -> None:
         call_command("createteam", "initech", stderr=StringIO())
 
 
-def test_admin_shows_a_new_key_once(admin_client, team: Team) -> None:  # type: ignore[no-untyped-def]
+def test_admin_shows_a_new_key_once_on_its_own_page_never_in_a_cookie(
+    admin_client, team: Team
+) -> None:  # type: ignore[no-untyped-def]
     response = admin_client.post(
         "/admin/accounts/apikey/add/",
-        {"team": team.pk, "name": "from-admin", "scopes": '["read"]', "user": ""},
-        follow=True,
+        {"team": team.pk, "name": "from-admin", "scopes": ["read"], "user": ""},
     )
     assert response.status_code == 200
+    assert "no-store" in response["Cache-Control"]
     key = ApiKey.objects.get(name="from-admin")
-    shown = [str(m) for m in response.context["messages"]]
-    secret = next(word for m in shown for word in m.split() if word.startswith("rt_"))
-    assert key.secret_hash == hash_secret(secret)
+    secret = re.search(r"rt_[0-9a-f]+_[\w-]+", response.content.decode())
+    assert secret is not None and key.secret_hash == hash_secret(secret.group())
     assert key.scopes == ["read"]
+    # Nothing carries it on: no cookie, and the next page shows no message with it.
+    assert all("rt_" not in morsel.value for morsel in response.cookies.values())
+    assert "rt_" not in admin_client.get("/admin/accounts/apikey/").content.decode()
+    assert client_for(secret.group()).get("/api/v1/collections").status_code == 200
+
+
+def test_admin_refuses_a_key_of_no_scope(admin_client, team: Team) -> None:  # type: ignore[no-untyped-def]
+    # JSON that is no list of scopes (false, 0) once read as "every scope".
+    for scopes in ([], "[]", "false", "0"):
+        response = admin_client.post(
+            "/admin/accounts/apikey/add/",
+            {"team": team.pk, "name": "empty", "scopes": scopes, "user": ""},
+        )
+        assert response.status_code == 200
+        assert response.context["adminform"].form.errors["scopes"]
+    assert not ApiKey.objects.exists()

@@ -130,15 +130,31 @@ def test_a_wrong_secret_for_a_cached_prefix_is_refused(
     authenticate(issued_key.secret)
 
 
-def test_unknown_prefixes_are_not_cached(
+def test_unknown_prefixes_are_remembered_briefly_apart_from_keys(
     clock: FakeClock, issued_key: IssuedKey, django_assert_num_queries: Any
 ) -> None:
     for n in range(3):
         with django_assert_num_queries(1):
             assert refusal_code(f"rt_unknown{n}_secret") == "invalid_api_key"
-        with django_assert_num_queries(1):
+        with django_assert_num_queries(0):  # a repeated made-up key costs no query
             assert refusal_code(f"rt_unknown{n}_secret") == "invalid_api_key"
-    assert len(api_key_cache()) == 0
+    assert len(api_key_cache()) == 0  # and pushes no real key out
+    clock.now += 5
+    with django_assert_num_queries(1):
+        assert refusal_code("rt_unknown0_secret") == "invalid_api_key"
+
+
+def test_a_key_made_after_its_prefix_missed_is_found_once_forgotten(
+    clock: FakeClock, team: Team, django_assert_num_queries: Any
+) -> None:
+    cache = api_key_cache()
+    assert cache.get(prefix="abc123") is None
+    issued = api_key_create(team=team, scopes=["read"])
+    ApiKey.objects.filter(pk=issued.api_key.pk).update(prefix="abc123")
+    assert cache.get(prefix="abc123") is None  # the miss, for API_KEY_CACHE_SECONDS
+    cache.forget(prefix="abc123")
+    found = cache.get(prefix="abc123")
+    assert found is not None and found.pk == issued.api_key.pk
 
 
 def test_the_least_recently_used_key_is_dropped_past_max_entries(

@@ -51,7 +51,7 @@ def test_an_owner_issues_a_key_that_is_shown_once_and_works(owner: Any) -> None:
     assert "key" not in listed[0] and "secret_hash" not in listed[0]
 
     assert client_for(body["key"]).get("/api/v1/collections").status_code == 200
-    assert client_for(body["key"]).get("/api/v1/keys").json()["results"][0]["last_used_at"]
+    assert client.get("/api/v1/keys").json()["results"][0]["last_used_at"]
 
 
 def test_revoking_a_key_makes_it_401_at_once(owner: Any) -> None:
@@ -112,7 +112,8 @@ def test_members_see_and_revoke_only_their_own_keys_owners_every_key(
 
 
 def test_a_key_never_issues_a_key_with_more_scopes_than_its_own(team: Team, owner: Any) -> None:
-    read_only = client_for(api_key_create(team=team, scopes=["read"], user=owner).secret)
+    issuer = api_key_create(team=team, scopes=["read", "keys"], user=owner)
+    read_only = client_for(issuer.secret)
     refused = read_only.post("/api/v1/keys", {"scopes": ["read", "chat"]}, format="json")
     assert refused.status_code == 403
     assert refused.json()["error"]["code"] == "scope_missing"
@@ -122,23 +123,28 @@ def test_a_key_never_issues_a_key_with_more_scopes_than_its_own(team: Team, owne
     assert created.status_code == 201
     child = ApiKey.objects.get(prefix=created.json()["prefix"])
     assert (child.team, child.user, child.scopes) == (team, owner, ["read"])
+    assert child.parent == issuer.api_key
 
 
-def test_a_key_of_no_user_manages_the_team_keys_of_no_user_as_a_member(
+def test_a_key_of_no_user_manages_only_itself_and_the_keys_it_created(
     team: Team, owner: Any
 ) -> None:
     owners_key = api_key_create(team=team, scopes=["read"], user=owner).api_key
     sibling = api_key_create(team=team, scopes=["read"]).api_key
-    issued = api_key_create(team=team, scopes=["chat", "read", "ingest"])
+    issued = api_key_create(team=team, scopes=["chat", "read", "ingest", "keys"])
     team_key = client_for(issued.secret)
-    listed = {k["prefix"] for k in team_key.get("/api/v1/keys").json()["results"]}
-    assert listed == {sibling.prefix, issued.api_key.prefix}
     refused = team_key.post("/api/v1/keys", {"scopes": ["ingest"]}, format="json")
     assert refused.status_code == 403 and refused.json()["error"]["code"] == "scope_missing"
     created = team_key.post("/api/v1/keys", {"scopes": ["chat"]}, format="json")
     assert created.status_code == 201 and created.json()["user"] is None
+
+    listed = {k["prefix"] for k in team_key.get("/api/v1/keys").json()["results"]}
+    assert listed == {issued.api_key.prefix, created.json()["prefix"]}
     assert team_key.delete(f"/api/v1/keys/{owners_key.prefix}").status_code == 404
-    assert team_key.delete(f"/api/v1/keys/{sibling.prefix}").status_code == 204
+    assert team_key.delete(f"/api/v1/keys/{sibling.prefix}").status_code == 404
+    assert team_key.delete(f"/api/v1/keys/{created.json()['prefix']}").status_code == 204
+    sibling.refresh_from_db()
+    assert sibling.revoked_at is None
 
 
 def test_a_key_whose_user_left_the_team_and_a_user_of_no_team_manage_no_keys(

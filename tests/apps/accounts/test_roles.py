@@ -84,7 +84,7 @@ def test_an_admins_key_grants_no_more_than_its_own_scopes(
     team: Team, users: dict[str, Any]
 ) -> None:
     admin = users[Membership.Role.ADMIN]
-    key = api_key_create(team=team, scopes=["chat"], user=admin)
+    key = api_key_create(team=team, scopes=["chat", "keys"], user=admin)
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {key.secret}")
     refused = client.post("/api/v1/keys", {"scopes": ["chat", "ingest"]}, format="json")

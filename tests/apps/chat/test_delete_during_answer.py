@@ -188,3 +188,36 @@ def test_delete_during_a_real_llama_cpp_stream(
     assert frames_b[-1]["data"]["finish_reason"] in {"stop", "length"}
     answer = Message.objects.get(pk=frames_b[0]["data"]["message_id"])
     assert answer.status == Message.Status.COMPLETE and answer.content
+
+
+@pytest.mark.parametrize("how", ["delete", "cancel"])
+def test_a_stop_while_the_tier_prefills_ends_the_answer_at_once(
+    upstream: FakeUpstream, http: httpx.Client, how: str
+) -> None:
+    """No token has come (the tier prefills a long prompt, or stalls): a delete or a cancel
+    still stops the answer then, not at the next token or the first-token timeout. It is
+    billed its prompt, and the tier's request is closed."""
+    upstream.script.stall_after = 0  # no token comes
+    conversation = conversation_for(http)
+    seen: list[dict[str, Any]] = []
+    with answer_frames(http, conversation, content="Hi", top_k=0, stream=True) as frames:
+        for frame in frames:
+            if "comment" in frame:
+                continue
+            seen.append(frame)
+            if frame["event"] == "retrieval":
+                message_id = seen[0]["data"]["message_id"]
+                wait_for(Message.objects.filter(pk=message_id).exists, "no rows")
+                if how == "delete":
+                    response = http.delete(f"/api/v1/conversations/{conversation}")
+                    assert response.status_code == 204
+                else:
+                    response = http.post(f"/api/v1/messages/{message_id}/cancel")
+                    assert response.status_code == 202
+    assert [f["event"] for f in seen] == ["message", "retrieval", "usage", "done"]
+    assert seen[-1]["data"]["finish_reason"] == "cancelled"
+    billed = UsageRecord.objects.get(object_id=str(message_id))
+    assert billed.status == UsageRecord.Status.CANCELLED
+    assert (billed.prompt_tokens > 0, billed.completion_tokens) == (True, 0)
+    wait_for(lambda: bool(upstream.disconnected_at), "the tier's request was not closed")
+    assert Message.objects.filter(pk=message_id).exists() == (how == "cancel")

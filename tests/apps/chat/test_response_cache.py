@@ -188,6 +188,35 @@ def test_deleting_documents_drops_the_teams_cached_answers(
     assert not ResponseCacheEntry.objects.exists()
 
 
+@pytest.mark.parametrize("target", ["document", "collection"])
+def test_an_admin_delete_leaves_no_cached_answer_quoting_it(
+    upstream: FakeUpstream, http: httpx.Client, team: Team, admin_client: Any, target: str
+) -> None:
+    """Issue 27, item 9: deleted in Django admin, the document stayed in the index at the
+    same version, so the answer quoting it kept being replayed. Another team's cached
+    answers are not the deleting team's to lose."""
+    collection = seed(team)
+    ask(http)
+    assert usage_of(ask(http))["cache_hit"] is True
+    other = factories.team(name="globex")
+    seed(other)
+    headers = {"Authorization": f"Bearer {api_key_create(team=other, name='k').secret}"}
+    with httpx.Client(base_url=str(http.base_url), headers=headers, timeout=30) as theirs:
+        ask(theirs)
+
+        document = collection.documents.get()
+        obj = document if target == "document" else collection
+        page = admin_client.post(f"/admin/knowledge/{target}/{obj.pk}/delete/", {"post": "yes"})
+        assert page.status_code == 302
+
+        assert not ResponseCacheEntry.objects.filter(team=team).exists()
+        again = ask(http)
+        assert usage_of(again)["cache_hit"] is False
+        assert again[1]["data"]["citations"] == []  # nothing left to quote
+        assert usage_of(ask(theirs))["cache_hit"] is True
+    assert len(upstream.requests) == 3
+
+
 def test_another_team_never_hits(upstream: FakeUpstream, http: httpx.Client, team: Team) -> None:
     seed(team)
     ask(http)

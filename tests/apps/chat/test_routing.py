@@ -13,7 +13,10 @@ import httpx
 import pytest
 from django.test import Client
 
+from apps.accounts.models import Team
+from apps.accounts.services import api_key_create
 from apps.chat.models import Message
+from apps.chat.services.models import affinity_key, cache_salt_derive
 from apps.usage.models import UsageRecord
 from inference import FakeTokenizer, GGUFTokenizer, TiktokenTokenizer, rendezvous_order
 from tests.apps.chat.conftest import ask_stream, conversation_for
@@ -26,10 +29,11 @@ LARGE_PRICE = {"input": 10.0, "cached_input": 5.0, "output": 20.0}
 
 
 class Tier:
-    """Two fake upstreams, ``a`` and ``b``, and the registry over them."""
+    """Two fake upstreams, ``a`` and ``b``, and the registry over them; ``team_id``: the
+    team that ``http`` asks for."""
 
-    def __init__(self, a: FakeUpstream, b: FakeUpstream, settings: Any) -> None:
-        self.a, self.b, self.settings = a, b, settings
+    def __init__(self, a: FakeUpstream, b: FakeUpstream, settings: Any, team_id: int) -> None:
+        self.a, self.b, self.settings, self.team_id = a, b, settings, team_id
 
     def url(self, fake: FakeUpstream) -> str:
         return fake.base_url
@@ -47,17 +51,16 @@ class Tier:
 
     def first_choice(self, conversation_id: int) -> tuple[FakeUpstream, FakeUpstream]:
         """The upstream a conversation prefers, and the other."""
-        order = rendezvous_order(
-            f"conversation:{conversation_id}", [self.a.base_url, self.b.base_url]
-        )
+        key = affinity_key(team_id=self.team_id, conversation_id=conversation_id, opening="")
+        order = rendezvous_order(key, [self.a.base_url, self.b.base_url])
         return (self.a, self.b) if order[0] == self.a.base_url else (self.b, self.a)
 
 
 @pytest.fixture
-def tier(upstream: FakeUpstream, settings: Any) -> Iterator[Tier]:
+def tier(upstream: FakeUpstream, settings: Any, team: Team) -> Iterator[Tier]:
     with fake_upstream() as second:
         settings.ROUTER_SMALL_MAX_PROMPT_TOKENS = 120  # the system prompt is 60
-        yield Tier(upstream, second, settings)
+        yield Tier(upstream, second, settings, team.pk)
 
 
 def usage_of(frames: list[dict[str, Any]]) -> dict[str, Any]:
@@ -201,7 +204,7 @@ def test_a_conversation_sticks_to_one_upstream_with_a_byte_stable_prompt_head(
 def test_cached_tokens_from_the_tier_reach_the_usage_event_and_the_ledger(
     tier: Tier, http: httpx.Client
 ) -> None:
-    tier.register(small={"upstreams": [tier.a.base_url], "price": SMALL_PRICE})
+    tier.register(small={"upstreams": [tier.a.base_url], "price": SMALL_PRICE, "server": "vllm"})
     tier.a.script.usage = "final_chunk"
     tier.a.script.usage_override = {
         "prompt_tokens": 1000,
@@ -219,6 +222,81 @@ def test_cached_tokens_from_the_tier_reach_the_usage_event_and_the_ledger(
     record = UsageRecord.objects.get(kind="chat")
     assert (record.prompt_tokens, record.cached_tokens) == (1000, 960)
     assert record.cost_usd == Decimal("0.000526")  # 40 at 1.0, 960 at 0.5, 3 at 2.0 per M
+
+
+def test_a_tier_without_a_cache_salt_reports_no_cached_tokens(
+    tier: Tier, http: httpx.Client
+) -> None:
+    # llama.cpp (or any server but vLLM) keeps one prefix cache for every tenant: its hits
+    # may be another team's prompt, so none is reported, and the input is billed in full.
+    tier.register(small={"upstreams": [tier.a.base_url], "price": SMALL_PRICE})
+    tier.a.script.usage = "final_chunk"
+    tier.a.script.usage_override = {
+        "prompt_tokens": 1000,
+        "completion_tokens": 3,
+        "total_tokens": 1003,
+        "prompt_tokens_details": {"cached_tokens": 960},
+    }
+    usage = usage_of(ask_stream(http, conversation_for(http), content="Again?"))
+    assert (usage["prompt_tokens"], usage["cached_tokens"]) == (1000, 0)
+    record = UsageRecord.objects.get(kind="chat")
+    assert (record.prompt_tokens, record.cached_tokens) == (1000, 0)
+    assert record.cost_usd == Decimal("0.001006")  # 1000 at 1.0, 3 at 2.0 per M
+    assert "cache_salt" not in tier.a.requests[0]
+
+
+@pytest.mark.parametrize("server", ["vllm", "llama.cpp"])
+def test_another_teams_prompt_never_shows_in_cached_tokens(
+    tier: Tier, http: httpx.Client, asgi_server: str, other_team: Team, server: str
+) -> None:
+    """Team B sends team A's exact prompt to the upstream that cached it: the hit, if the
+    tier would count one, is never B's to see. vLLM keeps each team's cache apart by its
+    salt (so A still sees its own hits); any other server's figure is not reported."""
+    tier.register(small={"upstreams": [tier.a.base_url], "server": server})
+    tier.a.script.prefix_cache, tier.a.script.usage = True, "final_chunk"
+    guessed = {
+        "model": "small",
+        "messages": [
+            {"role": "system", "content": "Team A's confidential instructions."},
+            {"role": "user", "content": "Hi"},
+        ],
+        "rag": {"enabled": False},
+        "cache": False,
+    }
+    secret = api_key_create(team=other_team, name="probe").secret
+    headers = {"Authorization": f"Bearer {secret}"}
+    with httpx.Client(base_url=asgi_server, headers=headers, timeout=30) as team_b:
+
+        def cached(client: httpx.Client) -> int:
+            response = client.post("/v1/chat/completions", json=guessed)
+            assert response.status_code == 200, response.text
+            return int(response.json()["usage"]["prompt_tokens_details"]["cached_tokens"])
+
+        assert cached(http) == 0  # A's prompt reaches the tier's cache
+        assert cached(team_b) == 0  # B's probe learns nothing
+        assert cached(http) == (10 if server == "vllm" else 0)  # A's own hit, salted
+    salts = [request.get("cache_salt") for request in tier.a.requests]
+    if server == "vllm":
+        mine, theirs = cache_salt_derive(team_id=tier.team_id), salts[1]
+        assert salts == [mine, theirs, mine] and theirs != mine
+        assert all(len(salt) == 64 and str(other_team.pk) != salt for salt in salts)
+    else:
+        assert salts == [None, None, None]
+    records = UsageRecord.objects.filter(kind="chat", team=other_team)
+    assert [r.cached_tokens for r in records] == [0]
+
+
+def test_the_team_is_part_of_every_affinity_key_and_the_salt_is_secret(settings: Any) -> None:
+    for conversation_id, opening in ((0, "You answer from the team's documents."), (7, "")):
+        keys = {
+            affinity_key(team_id=team_id, conversation_id=conversation_id, opening=opening)
+            for team_id in (1, 2)
+        }
+        assert len(keys) == 2
+    salt = cache_salt_derive(team_id=1)
+    assert salt != cache_salt_derive(team_id=2)
+    settings.SECRET_KEY = "another server's secret"
+    assert cache_salt_derive(team_id=1) != salt  # not computable from the team id alone
 
 
 def test_each_alias_counts_with_its_own_tokenizer(tier: Tier, http: httpx.Client) -> None:

@@ -100,3 +100,15 @@ def test_bad_mode_or_filters_are_400_before_anything_runs(
     error = response.json()["error"]
     assert (error["code"], error["param"]) == ("invalid_value", param)
     assert upstream.requests == []
+
+
+def test_a_long_question_searches_keywords_by_its_first_distinct_terms(
+    upstream: FakeUpstream, http: httpx.Client, shelves: dict[str, int]
+) -> None:
+    """A chat question goes to BM25 as search does: each distinct term once, the first
+    ``KEYWORD_MAX_QUERY_TERMS`` (64) only."""
+    filler = " ".join(f"filler{n}" for n in range(100))
+    late = ask(http, content=f"{filler} pantry " + "filler0 " * 2000, mode="keyword")
+    assert late["citations"] == []
+    early = ask(http, content=f"pantry {filler}", mode="keyword")
+    assert [c["title"] for c in early["citations"]] == ["Pantry"]

@@ -22,6 +22,7 @@ from apps.chat.models import Conversation, Message
 from apps.chat.services.retention import retention_purge
 from apps.core.models import AuditEvent
 from apps.usage.models import Limit
+from tests import factories
 from tests.conftest import client_for
 
 pytestmark = pytest.mark.django_db
@@ -62,7 +63,7 @@ def test_keys_issued_and_revoked_through_the_api(team: Team, owner: Any) -> None
 
 
 def test_a_key_issued_with_a_key_names_that_key(team: Team, owner: Any) -> None:
-    parent = api_key_create(team=team, scopes=["read"], user=owner)
+    parent = api_key_create(team=team, scopes=["read", "keys"], user=owner)
     child = client_for(parent.secret).post("/api/v1/keys", {"scopes": ["read"]}, format="json")
     assert events()[-1] == (
         Action.KEY_CREATED,
@@ -137,6 +138,57 @@ def test_the_admin_cannot_revoke_or_restore_a_key_outside_the_audited_action(
     api_key.refresh_from_db()
     assert api_key.revoked_at is None
     assert not AuditEvent.objects.filter(action=Action.KEY_REVOKED).exists()
+
+
+def test_a_key_deleted_in_the_admin_is_revoked_first_and_recorded(
+    team: Team, other_team: Team, admin_client: Any, settings: Any
+) -> None:
+    """Issue 27, item 9: the admin's delete removed the row with no audit record, and a
+    process holding the key in its cache kept serving it."""
+    settings.API_KEY_CACHE_SECONDS = 3600
+    ours = api_key_create(team=team, name="leaked", scopes=["read"])
+    theirs = api_key_create(team=other_team, name="ci", scopes=["read"])
+    client = client_for(ours.secret)
+    assert client.get("/api/v1/collections").status_code == 200  # now cached
+    page = admin_client.post(f"/admin/accounts/apikey/{ours.api_key.pk}/delete/", {"post": "yes"})
+    assert page.status_code == 302
+
+    assert events("api_key") == [
+        (Action.KEY_CREATED, "system", "acme", f"key {ours.api_key.prefix}"),
+        (Action.KEY_CREATED, "system", "globex", f"key {theirs.api_key.prefix}"),
+        (Action.KEY_REVOKED, "user admin", "acme", f"key {ours.api_key.prefix}"),
+        (Action.KEY_DELETED, "user admin", "acme", f"key {ours.api_key.prefix}"),
+    ]
+    assert client.get("/api/v1/collections").status_code == 401
+    assert client_for(theirs.secret).get("/api/v1/collections").status_code == 200
+
+    # The changelist's bulk delete takes the same way.
+    spare = api_key_create(team=team, name="spare").api_key
+    admin_client.post(
+        "/admin/accounts/apikey/",
+        {"action": "delete_selected", "_selected_action": [spare.pk], "post": "yes"},
+    )
+    assert events("api_key")[-2:] == [
+        (Action.KEY_REVOKED, "user admin", "acme", f"key {spare.prefix}"),
+        (Action.KEY_DELETED, "user admin", "acme", f"key {spare.prefix}"),
+    ]
+    assert set(ApiKey.objects.values_list("name", flat=True)) == {"ci"}
+
+
+def test_deletes_through_the_api_are_recorded_as_the_admins_are(
+    team: Team, owner: Any, django_capture_on_commit_callbacks: Any
+) -> None:
+    collection = factories.collection(team=team, name="manuals")
+    document = factories.document(collection=collection, title="Valve", text="The valve.")
+    session = APIClient()
+    session.force_login(owner)
+    with django_capture_on_commit_callbacks(execute=True):
+        assert session.delete(f"/api/v1/documents/{document.pk}").status_code == 204
+        assert session.delete(f"/api/v1/collections/{collection.pk}").status_code == 204
+    assert events("document") + events("collection") == [
+        (Action.DOCUMENT_DELETED, "user olive", "acme", f"document {document.pk}"),
+        (Action.COLLECTION_DELETED, "user olive", "acme", f"collection {collection.pk} manuals"),
+    ]
 
 
 def test_an_expiry_change_is_seen_at_once_through_the_key_cache(team: Team, settings: Any) -> None:

@@ -52,10 +52,68 @@ async def test_asgi_guard_stops_a_chunked_body_past_the_limit(guarded: httpx.Asy
             yield b"y" * 1000  # no Content-Length: streamed
 
     response = await guarded.post(
-        "/upload", content=chunks(), headers={"content-type": "multipart/form-data; boundary=x"}
+        "/api/v1/collections/1/documents",
+        content=chunks(),
+        headers={"content-type": "multipart/form-data; boundary=x", "authorization": "Bearer k"},
     )
     assert response.status_code == 413
     assert response.json()["error"]["code"] == "file_too_large"
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["/api/v1/search", "/api/v1/collections", "/v1/chat/completions", "/admin/login/", "/nowhere"],
+)
+async def test_asgi_guard_refuses_multipart_off_the_upload_route_from_its_headers(
+    guarded: httpx.AsyncClient, path: str
+) -> None:
+    """Issue 27, item 10: a multipart body of up to the upload limit was spooled to disk on
+    any path, before routing or auth. Now only the upload route takes one; elsewhere it is
+    415 before a byte is read, chunked or declared."""
+
+    async def chunks():  # type: ignore[no-untyped-def]
+        yield b"z" * 500
+
+    declared = {"content-type": "multipart/form-data; boundary=x", "content-length": "900"}
+    for body, headers in (
+        (b"z" * 900, declared),
+        (chunks(), {"content-type": "Multipart/Form-Data; boundary=x"}),
+    ):
+        response = await guarded.post(path, content=body, headers=headers)
+        assert response.status_code == 415, path
+        assert response.json() == {
+            "error": {
+                "type": "invalid_request_error",
+                "code": "unsupported_media_type",
+                "message": "A multipart body is accepted only by the document upload endpoint.",
+                "param": None,
+            }
+        }
+    upload = await guarded.post(
+        "/api/v1/collections/7/documents",
+        content=b"z" * 900,
+        headers={**declared, "authorization": "Bearer some-key"},
+    )
+    assert upload.json() == {"read": 900}  # the upload route still reads it
+
+
+async def test_asgi_guard_refuses_an_upload_without_credentials_before_reading_it(
+    guarded: httpx.AsyncClient,
+) -> None:
+    """Spooling an upload to disk costs the shared process before authentication runs:
+    a multipart body naming neither a key nor a session is 401 from its headers."""
+    headers = {"content-type": "multipart/form-data; boundary=x", "content-length": "900"}
+    anonymous = await guarded.post(
+        "/api/v1/collections/7/documents", content=b"z" * 900, headers=headers
+    )
+    assert anonymous.status_code == 401
+    assert anonymous.json()["error"]["code"] == "missing_api_key"
+    session = await guarded.post(
+        "/api/v1/collections/7/documents",
+        content=b"z" * 900,
+        headers={**headers, "cookie": "csrftoken=a; sessionid=b"},
+    )
+    assert session.json() == {"read": 900}
 
 
 def test_unknown_paths_answer_json_errors(client: Client, db: None) -> None:

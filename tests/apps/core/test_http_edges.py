@@ -24,7 +24,7 @@ from django.urls.resolvers import RegexPattern, RoutePattern
 from django.utils.regex_helper import normalize
 from rest_framework.views import APIView
 
-from apps.accounts.models import Team
+from apps.accounts.models import Scope, Team
 from apps.accounts.services import IssuedKey, api_key_create, membership_add
 from apps.core.asgi import StaticFiles
 from apps.core.parsers import MAX_JSON_DEPTH, JsonTooDeep, json_loads
@@ -157,10 +157,12 @@ SCOPED_PATHS = [path for path, _, pattern in ALL_PATTERNS if is_scoped_api(patte
 
 
 async def test_head_and_options_with_credentials_never_fail(
-    issued_key: IssuedKey, team: Team, django_user_model: Any
+    team: Team, django_user_model: Any
 ) -> None:
     """With a key, and with a session (whose team lookup reads the database: OPTIONS of
-    the async views runs on the event loop), every method answers below 500."""
+    the async views runs on the event loop), every method answers below 500. The key has
+    every scope, as the session of an owner has."""
+    issued_key = await sync_to_async(api_key_create)(team=team, scopes=list(Scope.values))
     user = await sync_to_async(django_user_model.objects.create_user)("ann", password="pw")
     await sync_to_async(membership_add)(team=team, user=user)
     session = AsyncClient()
@@ -304,9 +306,18 @@ async def test_a_valid_last_event_id_reaches_the_message(issued_key: IssuedKey) 
 
 async def asgi_get(app: Any, raw_path: str) -> tuple[int, bytes]:
     """What an ASGI server hands the app for ``raw_path``: the path percent-decoded."""
+    sent = await asgi_response(app, raw_path)
+    status = sent[0]["status"]
+    body = b"".join(m.get("body", b"") for m in sent[1:])
+    return status, body
+
+
+async def asgi_response(app: Any, raw_path: str, *, https: bool = False) -> list[dict[str, Any]]:
+    """The messages ``app`` sends for a GET of ``raw_path``."""
     scope = {
         "type": "http",
         "method": "GET",
+        "scheme": "https" if https else "http",
         "path": unquote(raw_path),
         "raw_path": raw_path.encode("latin-1"),
         "query_string": b"",
@@ -329,9 +340,7 @@ async def asgi_get(app: Any, raw_path: str) -> tuple[int, bytes]:
             finished.set()
 
     await app(scope, receive, send)
-    status = sent[0]["status"]
-    body = b"".join(m.get("body", b"") for m in sent[1:])
-    return status, body
+    return sent
 
 
 async def not_django(scope: Any, receive: Any, send: Any) -> None:
@@ -370,6 +379,37 @@ async def test_static_files_are_still_served() -> None:
     status, body = await asgi_get(StaticFiles(not_django), "/static/admin/css/base.css")
     assert status == 200
     assert body
+
+
+SECURITY_HEADERS = [
+    "Content-Security-Policy",
+    "X-Content-Type-Options",
+    "Referrer-Policy",
+    "X-Frame-Options",
+    "Cross-Origin-Opener-Policy",
+    "Strict-Transport-Security",
+]
+
+
+@pytest.mark.parametrize("https", [False, True])
+async def test_static_responses_carry_the_security_headers_of_pages(
+    https: bool, settings: Any
+) -> None:
+    """Issue 27, item 10: static files (served by Starlette, outside Django) had no CSP,
+    X-Frame-Options or HSTS. An SVG or HTML file there is a page of its own."""
+    settings.SECURE_HSTS_SECONDS = 3600  # as production sets it
+    settings.SECURE_HSTS_INCLUDE_SUBDOMAINS = True
+    page = await AsyncClient().get("/login", secure=https)
+    expected = {name: page.headers[name] for name in SECURITY_HEADERS if name in page.headers}
+    assert ("Strict-Transport-Security" in expected) is https
+    assert {"Content-Security-Policy", "X-Frame-Options"} <= set(expected)
+
+    for raw_path, status in (("/static/admin/css/base.css", 200), ("/static/nothing.css", 404)):
+        sent = await asgi_response(StaticFiles(not_django), raw_path, https=https)
+        assert sent[0]["status"] == status
+        headers = {k.decode().title(): v.decode() for k, v in sent[0]["headers"]}
+        served = {name: headers[name] for name in SECURITY_HEADERS if name in headers}
+        assert served == expected, raw_path
 
 
 @pytest.mark.parametrize("raw_path", ESCAPES)

@@ -28,10 +28,10 @@ from apps.knowledge.services import ingestion
 from retrieval import ParsedDocument
 from retrieval.embedders import Embeddings, FakeEmbedder
 
-_parse_document = ingestion.parse_document
+_parse_document = ingestion.parse_document_bounded
 
 
-def parse_document(data: bytes, **options: Any) -> ParsedDocument:
+def parse_document_bounded(data: bytes, **options: Any) -> ParsedDocument:
     log = os.environ.get("SABOTAGE_LOG")
     if log:
         with open(log, "a") as out:
@@ -51,7 +51,7 @@ def parse_document(data: bytes, **options: Any) -> ParsedDocument:
     return _parse_document(data, **options)
 
 
-ingestion.parse_document = parse_document
+ingestion.parse_document_bounded = parse_document_bounded
 
 
 class SlowFakeEmbedder(FakeEmbedder):

@@ -16,6 +16,7 @@ from rest_framework.test import APIClient
 from apps.accounts.models import Team
 from apps.knowledge.models import Chunk, Collection
 from apps.knowledge.services import (
+    collection_delete,
     collection_index_compact,
     collection_index_load,
     collection_index_rebuild,
@@ -216,3 +217,31 @@ def test_a_compaction_that_loses_its_race_publishes_nothing(
     assert collection.index_base == collection.index_version == 3  # the rebuild's
     assert not index_store().path(collection.index_key, 2).exists()  # its file removed
     call_command("index_check", stdout=StringIO())
+
+
+def test_a_collection_deleted_during_compaction_leaves_no_folder(
+    team: Team, other_team: Team, monkeypatch: pytest.MonkeyPatch, committed: Callable[..., Any]
+) -> None:
+    """Issue 27, item 9: the compaction wrote its new base into the folder the delete had
+    just removed, and left it there."""
+    collection = factories.collection(team=team, name="doomed")
+    manual(collection, 0)
+    manual(collection, 1)
+    kept = factories.collection(team=other_team, name="kept")
+    manual(kept, 0)
+    folder = index_store().root / collection.index_key
+    compact = SegmentedIndex.compact
+
+    def deleted_meanwhile(self: SegmentedIndex, **options: Any) -> Any:
+        merged = compact(self, **options)
+        committed(collection_delete, collection=Collection.objects.get(pk=collection.pk))
+        assert not folder.exists()  # the delete's own cleanup, on its commit
+        return merged
+
+    monkeypatch.setattr(SegmentedIndex, "compact", deleted_meanwhile)
+    assert not collection_index_compact(collection_id=collection.pk, force=True)
+    assert not folder.exists()
+    assert not Collection.objects.filter(pk=collection.pk).exists()
+    kept.refresh_from_db()
+    assert (index_store().root / kept.index_key).is_dir()
+    assert len(collection_index_load(kept).ids()) == Chunk.objects.filter(collection=kept).count()

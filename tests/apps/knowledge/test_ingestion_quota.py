@@ -13,6 +13,7 @@ from apps.accounts.models import Team
 from apps.knowledge.models import Chunk, Document
 from apps.knowledge.services import (
     STAGE_FUNCTIONS,
+    collection_delete,
     document_create_from_text,
     document_delete,
     document_fail,
@@ -285,7 +286,7 @@ def test_reingesting_an_indexed_document_reserves_and_charges_again(team: Team) 
     assert quota_used(team) == ledger_tokens(team) == 2 * document.embedding_tokens
 
 
-@pytest.mark.parametrize("ending", ["delete", "fail"])
+@pytest.mark.parametrize("ending", ["delete", "collection", "fail"])
 def test_a_document_ended_mid_embedding_settles_on_what_it_spent(
     team: Team, settings: Any, monkeypatch: pytest.MonkeyPatch, ending: str
 ) -> None:
@@ -305,13 +306,17 @@ def test_a_document_ended_mid_embedding_settles_on_what_it_spent(
         document_id = document.pk
         document_delete(document=document)
         assert not Document.objects.filter(pk=document_id).exists()
+    elif ending == "collection":  # its collection deleted under it: billed all the same
+        document_id = document.pk
+        collection_delete(collection=document.collection)
+        assert not Document.objects.filter(pk=document_id).exists()
     else:
         document_fail(document_id=document.pk, error="stalled")
 
     reservation.refresh_from_db()
     assert reservation.settled_at is not None and reservation.actual_tokens == spent
     assert quota_used(team) == ledger_tokens(team) == spent
-    status = "cancelled" if ending == "delete" else "error"
+    status = "error" if ending == "fail" else "cancelled"
     assert UsageRecord.objects.get(team=team).status == status
 
 

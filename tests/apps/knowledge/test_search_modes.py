@@ -3,6 +3,7 @@ embedder, real FAISS and bm25s)."""
 
 from collections.abc import Callable
 from io import StringIO
+from typing import Any
 
 import numpy as np
 import pytest
@@ -313,3 +314,17 @@ def test_a_collection_indexed_before_keyword_indexes_gets_one_at_its_first_searc
     assert [r["title"] for r in results] == ["Fans"]
     assert "building it from the database" in caplog.text
     assert keyword_ids(library) == vector_ids(library) == chunk_ids(library)
+
+
+def test_keyword_search_scores_only_the_first_distinct_terms(
+    api: APIClient, team: Team, settings: Any
+) -> None:
+    """A query's keyword work is bounded by ``KEYWORD_MAX_QUERY_TERMS``, not its length:
+    a word past the first 64 distinct ones finds nothing."""
+    settings.KEYWORD_MAX_QUERY_TERMS = 64
+    collection = factories.collection(team=team)
+    factories.document(collection=collection, title="Fans", text="Replacement fans ship today.")
+    filler = " ".join(f"filler{n}" for n in range(100))
+    assert search(api, query=f"{filler} replacement", mode="keyword") == []
+    found = search(api, query=f"replacement {filler}", mode="keyword")
+    assert [result["title"] for result in found] == ["Fans"]

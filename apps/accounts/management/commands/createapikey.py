@@ -6,7 +6,7 @@ from django.utils import timezone
 
 from apps.accounts.models import Scope
 from apps.accounts.selectors import team_get_by_name
-from apps.accounts.services import api_key_create, key_expiry
+from apps.accounts.services import DEFAULT_KEY_SCOPES, api_key_create, key_expiry
 from apps.core.audit import Actor
 from apps.core.exceptions import ApplicationError
 
@@ -17,7 +17,11 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--team", required=True)
         parser.add_argument(
-            "--scopes", nargs="+", default=list(Scope.values), choices=list(Scope.values)
+            "--scopes",
+            nargs="+",
+            default=list(DEFAULT_KEY_SCOPES),
+            choices=list(Scope.values),
+            help="default: chat ingest read (keys, to manage keys, only when named)",
         )
         parser.add_argument("--name", default="")
         parser.add_argument("--user", help="username the key acts for (optional)")

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from apps.accounts.models import ApiKey
@@ -17,13 +18,21 @@ FIELDS = {
     "monthly": "monthly_tokens",
     "max_concurrent": "max_concurrent_streams",
     "max_tokens": "max_tokens",
+    "requests_per_second": "requests_per_second",
+    "request_burst": "request_burst",
+}
+# The team's requests: empty is the deployment's default, not unlimited.
+REQUEST_FIELDS = {
+    "requests_per_second": "REQUEST_RATE_PER_SECOND",
+    "request_burst": "REQUEST_BURST",
 }
 
 
 class Command(BaseCommand):
     help = (
-        "Set a team's (or one key's) token limits; without values, print them. "
-        "Give none to remove a limit (unlimited)."
+        "Set a team's (or one key's) token limits, and a team's request rate; without "
+        "values, print them. Give none to remove a limit (unlimited; for the request "
+        "rate, the default)."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -42,6 +51,8 @@ class Command(BaseCommand):
             if api_key is None:
                 raise CommandError(f"team {team.name!r} has no key {options['key']!r}")
         given = {FIELDS[o]: options[o] for o in FIELDS if options[o] is not None}
+        if api_key is not None and given.keys() & REQUEST_FIELDS.keys():
+            raise CommandError("request rates are the team's: leave out --key")
         limit = Limit.objects.filter(team=team, api_key=api_key).first()
         if given:
             limit = limit or Limit(team=team, api_key=api_key)
@@ -53,7 +64,11 @@ class Command(BaseCommand):
             self.stdout.write(f"{scope}: unlimited")
             return
         for option, field in FIELDS.items():
+            if api_key is not None and field in REQUEST_FIELDS:
+                continue
             value = getattr(limit, field)
+            if value is None and field in REQUEST_FIELDS:
+                value = f"default ({getattr(settings, REQUEST_FIELDS[field])})"
             self.stdout.write(f"{scope}: {option} = {'unlimited' if value is None else value}")
 
 
