@@ -36,7 +36,7 @@ import logging
 import math
 import os
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -97,11 +97,34 @@ def keyword_query(text: str, *, max_terms: int | None = None) -> KeywordQuery:
     A query's scoring work is one pass over the postings of each distinct term, so a
     question pasted at many times the context window (or one word repeated) costs at most
     ``max_terms`` passes. A term used n times still weighs n times, as bm25s sums each
-    occurrence: within the cap, scores are unchanged.
+    occurrence: within the cap, scores are unchanged (past it, a term's uses are counted
+    in the text read until the cap was reached).
     """
-    counts = Counter(keyword_tokens([text])[0])  # insertion order: first use
+    counts: Counter[str] = Counter()  # insertion order: first use
+    for piece in _pieces(text, QUERY_SLICE_CHARS):
+        counts.update(keyword_tokens([piece])[0])
+        if max_terms is not None and len(counts) >= max_terms:
+            break  # the rest of a long text is not even tokenized
     kept = list(counts.items())[:max_terms] if max_terms is not None else list(counts.items())
     return KeywordQuery(tuple(term for term, _ in kept), tuple(count for _, count in kept))
+
+
+QUERY_SLICE_CHARS = 8192
+"""A query is tokenized a slice at a time, until it has its distinct terms: tokenizing a
+question pasted at many times the context window whole would cost more than searching."""
+
+
+def _pieces(text: str, size: int) -> Iterator[str]:
+    """``text`` in slices of about ``size`` characters, each cut at whitespace (a word is
+    never split), the last one whatever remains."""
+    start = 0
+    while start < len(text):
+        end = start + size
+        if end < len(text):
+            cut = text.rfind(" ", start, end)
+            end = cut if cut > start else end
+        yield text[start:end]
+        start = end
 
 
 class KeywordIndex:

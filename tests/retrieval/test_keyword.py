@@ -96,6 +96,33 @@ def test_each_distinct_query_term_is_looked_up_once_and_weighs_as_often_as_used(
         assert many.score == pytest.approx(10_000 * one.score, rel=1e-5)
 
 
+def test_a_long_query_is_tokenized_only_until_it_has_its_terms(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A question pasted at many times the context window: past the cap, the rest of it
+    is never tokenized; below the cap, a query is read whole, a slice at a time, words
+    never split."""
+    from retrieval import keyword
+
+    read: list[int] = []
+    tokens = keyword.keyword_tokens
+
+    def counted(texts: list[str]) -> list[list[str]]:
+        read.append(sum(len(text) for text in texts))
+        return tokens(texts)
+
+    monkeypatch.setattr(keyword, "keyword_tokens", counted)
+    words = [f"term{i}x" for i in range(100_000)]
+    text = " ".join(words)  # 100,000 distinct words, about 900,000 characters
+    query = keyword_query(text, max_terms=64)
+    assert query.terms == tuple(tokens([" ".join(words[:64])])[0])
+    assert sum(read) <= keyword.QUERY_SLICE_CHARS
+    read.clear()
+    whole = keyword_query(" ".join(words[:2000]), max_terms=None)
+    assert len(whole.terms) == 2000  # no word cut in two at a slice's end
+    assert len(read) > 1 and sum(read) == len(" ".join(words[:2000]))  # all of it, once
+
+
 def test_a_query_keeps_its_first_distinct_terms_up_to_the_cap() -> None:
     query = keyword_query("soup running soups shoes cafeteria", max_terms=2)
     assert query == KeywordQuery(terms=("soup", "run"), counts=(2, 1))

@@ -9,7 +9,7 @@ from django.db.models import QuerySet
 
 from apps.accounts.selectors import Caller
 from apps.chat.events import event_buffers_delete
-from apps.chat.models import Conversation, Message
+from apps.chat.models import Conversation, Message, MessageEvent
 from apps.chat.response_cache import response_cache_purge
 from apps.knowledge.selectors import collection_list_readable
 
@@ -50,6 +50,9 @@ def conversation_delete(*, conversation: Conversation) -> None:
     conversation gone when it does, and stops (:class:`~.settle.ConversationGone`)."""
     team_id = conversation.team_id
     answers_stop(messages=conversation.messages.all())
+    # The bulk of it (the answers' events) before the lock below: an answer's rows for
+    # this conversation, written in a batch shared with other teams, wait on that lock.
+    MessageEvent.objects.filter(message__conversation=conversation).delete()
     with transaction.atomic():
         # Locked first: an answer's rows written meanwhile wait for this delete, then
         # find the conversation gone, instead of pointing at a deleted row.
