@@ -377,8 +377,9 @@ class Interrupt:
 
     def __call__(self) -> None:
         self.requested = True
-        if self._timer is not None:  # the read's own timeout, brought forward to now
-            self._timer.reschedule(asyncio.get_running_loop().time())
+        timer = self._timer
+        if timer is not None and not timer.expired():  # the read's own timeout, now
+            timer.reschedule(asyncio.get_running_loop().time())
 
 
 async def _read(

@@ -369,3 +369,35 @@ async def test_text_before_an_error_line_in_the_same_read_still_goes_out() -> No
         async for event in client_for(sse(body)).stream_chat(REQUEST):
             seen.append(event)
     assert seen == [TextDelta("partial")]
+
+
+async def test_an_interrupt_ends_the_wait_for_a_stalled_tier_at_once() -> None:
+    """A stop asked while the tier prefills (no token yet) ends the wait then: not at the
+    first-token timeout, and not as a failure of the tier (nothing to retry)."""
+    from inference.client import Interrupt
+    from inference.errors import Interrupted
+
+    calls: list[int] = []
+
+    async def stalled():  # type: ignore[no-untyped-def]
+        await asyncio.sleep(30)
+        yield b""
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(1)
+        return httpx.Response(200, content=stalled())
+
+    client = client_for(handler, timeouts=Timeouts(first_token=30.0))
+    interrupt = Interrupt()
+    asyncio.get_running_loop().call_later(0.05, interrupt)
+    with pytest.raises(Interrupted):  # not InferenceTimeout: the 30 s never ran out
+        await collect_with(client, interrupt)
+    assert calls == [1]  # not retried
+    with pytest.raises(Interrupted):  # asked before a read: that read does not begin
+        await collect_with(client, interrupt)
+    interrupt()  # with no read under way, or twice: nothing to end, no error
+
+
+async def collect_with(client: OpenAIClient, interrupt: object) -> list[object]:
+    stream = client.stream_chat(REQUEST, interrupt=interrupt)  # type: ignore[arg-type]
+    return [event async for event in stream]
