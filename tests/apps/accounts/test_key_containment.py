@@ -11,34 +11,15 @@ import pytest
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from apps.accounts.models import ApiKey, Membership, Team
+from apps.accounts.models import ApiKey, Team
 from apps.accounts.selectors import api_key_cache
-from apps.accounts.services import api_key_create, membership_add
+from apps.accounts.services import api_key_create
 from apps.core.models import AuditEvent
 from apps.usage.models import UsageRecord
+from tests.apps.accounts.conftest import session_of
 from tests.conftest import client_for
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def owner(team: Team, django_user_model: Any) -> Any:
-    user = django_user_model.objects.create_user("olive", password="a-long-password-1")
-    membership_add(team=team, user=user, role=Membership.Role.OWNER)
-    return user
-
-
-@pytest.fixture
-def member(team: Team, django_user_model: Any) -> Any:
-    user = django_user_model.objects.create_user("mo", password="a-long-password-1")
-    membership_add(team=team, user=user, role=Membership.Role.MEMBER)
-    return user
-
-
-def session_of(user: Any) -> APIClient:
-    client = APIClient()
-    client.force_login(user)
-    return client
 
 
 def code_of(response: Any) -> tuple[int, str]:

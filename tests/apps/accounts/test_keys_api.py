@@ -9,30 +9,11 @@ import pytest
 from rest_framework.test import APIClient
 
 from apps.accounts.models import ApiKey, Membership, Team
-from apps.accounts.services import api_key_create, membership_add
+from apps.accounts.services import api_key_create
+from tests.apps.accounts.conftest import session_of
 from tests.conftest import client_for
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def owner(team: Team, django_user_model: Any) -> Any:
-    user = django_user_model.objects.create_user("olive", password="a-long-password-1")
-    membership_add(team=team, user=user, role=Membership.Role.OWNER)
-    return user
-
-
-@pytest.fixture
-def member(team: Team, django_user_model: Any) -> Any:
-    user = django_user_model.objects.create_user("mo", password="a-long-password-1")
-    membership_add(team=team, user=user, role=Membership.Role.MEMBER)
-    return user
-
-
-def session_of(user: Any) -> APIClient:
-    client = APIClient()
-    client.force_login(user)
-    return client
 
 
 def test_an_owner_issues_a_key_that_is_shown_once_and_works(owner: Any) -> None:
