@@ -448,10 +448,10 @@ CASES += [
 # ``--tenants``: the whole ingestion path, not one function. Django runs in a child process
 # (``--tenants-child``) on the code under test (``--root``; ``--ref`` adds an older
 # commit), on the embedded default: a SQLite file and the on-disk broker (``--broker``: a
-# Redis URL, flushed) in a temp folder,
-# the fake embedder (``--embedder real``: all-MiniLM-L6-v2), one real Celery worker
-# started as ``runstack`` starts it (prefork, ``--concurrency`` children, 1) with the default
-# INGEST_MAX_IN_FLIGHT. The child is the web process: it uploads with
+# Redis URL, flushed) in a temp folder, the fake embedder (``--embedder real``:
+# all-MiniLM-L6-v2), one real Celery worker started as ``runstack`` starts it (prefork,
+# ``--concurrency`` children, 1, and that WORKER_CONCURRENCY for the web process too) with
+# the default INGEST_MAX_IN_FLIGHT. The child is the web process: it uploads with
 # ``document_create_from_file``, as the upload endpoint does.
 #
 #   alone     team B uploads its ordinary document (a 30-section handbook, 14 kB of
@@ -489,6 +489,7 @@ def tenants_child(root: Path, corpus_dir: Path, args: argparse.Namespace) -> Non
         "HF_HUB_OFFLINE": "1",
         "LOG_LEVEL": "WARNING",
         "PYTHONPATH": str(root),
+        "WORKER_CONCURRENCY": str(args.concurrency),  # the web process dispatches for it
     }
     for name in ("DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL", "INGEST_MAX_IN_FLIGHT"):
         env.pop(name, None)
@@ -568,20 +569,20 @@ def tenants_child(root: Path, corpus_dir: Path, args: argparse.Namespace) -> Non
             alone.append(indexed_after(document, started))
         # The same number of ordinary documents from another team, for comparison.
         busy_team = collection_create(team=team_create(name="C"), name="ordinary")
-        started = time.monotonic()
         backlog = [
             upload(busy_team, f"c-{path.name}.md", handbook(f"c{path.name}").encode())[0]
             for path in sorted(corpus_dir.iterdir())
         ]
+        started = time.monotonic()
         ordinary, _, _ = upload(b, "handbook-busy.md", handbook("busy").encode())
         busy = indexed_after(ordinary, started)
         for document in backlog:
             indexed_after(document, time.monotonic())
-        started = time.monotonic()
         files = []
         for path in sorted(corpus_dir.iterdir()):
             document, cpu, answer = upload(a, path.name, path.read_bytes())
             files.append((path.name, document, cpu, answer))
+        started = time.monotonic()
         ordinary, _, _ = upload(b, "handbook-attacked.md", handbook("attacked").encode())
         attacked = indexed_after(ordinary, started)
         result: dict[str, Any] = {

@@ -40,3 +40,21 @@ def _cap_child_memory(**_: object) -> None:
     if limit_mb > 0:
         limit = limit_mb * 1024 * 1024
         resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+
+
+@worker_process_init.connect
+def _share_the_cores(**_: object) -> None:
+    """Give each pool child ``WORKER_CHILD_THREADS`` compute threads (torch, OpenMP):
+    by default the cores divided among the children, so that two children embedding at
+    once do not each start a thread per core and slow each other down."""
+    import os
+    import sys
+
+    from django.conf import settings
+
+    threads = settings.WORKER_CHILD_THREADS or max(
+        1, len(os.sched_getaffinity(0)) // max(settings.CELERY_WORKER_CONCURRENCY, 1)
+    )
+    os.environ["OMP_NUM_THREADS"] = str(threads)  # read when torch or FAISS first loads
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(threads)

@@ -549,7 +549,8 @@ def test_worker_and_beat(services: dict[str, dict[str, Any]]) -> None:
     assert not worker.get("ports"), "worker must not publish ports"
     cmd = _command(worker)
     assert cmd[:4] == ["celery", "-A", "config", "worker"]
-    assert "--concurrency=2" in cmd
+    assert not any(arg.startswith("--concurrency") for arg in cmd)  # WORKER_CONCURRENCY
+    assert _default(_environment(worker)["WORKER_CONCURRENCY"]) == "2"
 
     beat = services["beat"]
     cmd = _command(beat)

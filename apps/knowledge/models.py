@@ -86,6 +86,12 @@ class Document(models.Model):
         help_text="deliveries of the current stage that started and never finished (the "
         "worker process died); the document is quarantined when they reach the limit",
     )
+    worker_seconds = models.FloatField(
+        default=0.0,
+        editable=False,
+        help_text="the workers' time spent on its stages (wall clock), which the fair "
+        "dispatcher counts against its team for a while",
+    )
     page_count = models.PositiveIntegerField(null=True, blank=True)
     chunk_count = models.PositiveIntegerField(default=0)
     embedding_tokens = models.PositiveBigIntegerField(default=0)
@@ -113,6 +119,8 @@ class Document(models.Model):
         ]
         indexes = [
             models.Index(fields=["status", "updated_at"]),
+            # The dispatcher's count of each team's recent use of the workers.
+            models.Index(fields=["team", "updated_at"], name="document_team_recent"),
             # The fair dispatcher's line: each team's waiting documents, oldest first.
             models.Index(
                 fields=["team", "enqueued_at"],

@@ -64,11 +64,25 @@ CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TIMEZONE = "UTC"
 CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
 
-# Ingestion is fair across teams: queued documents wait in their team's line, and the
-# dispatcher gives each free place among this many documents with the workers to the team
-# with the fewest there (0: no cap, first come first served). About the workers' total
-# concurrency, or twice it, keeps them busy; more lets one team's backlog crowd the queue.
-INGEST_MAX_IN_FLIGHT = env.int("INGEST_MAX_IN_FLIGHT", default=4)
+# Children per worker (Celery's --concurrency): one on the embedded default, each a copy of
+# the embedding model.
+CELERY_WORKER_CONCURRENCY = env.int("WORKER_CONCURRENCY", default=1)
+# Compute threads (torch, OpenMP) per pool child; 0: the cores divided among the children.
+WORKER_CHILD_THREADS = env.int("WORKER_CHILD_THREADS", default=0)
+# Ingestion is fair across teams: a document waits in its team's line, and the dispatcher
+# gives each free place among this many stages with the workers (0: no cap, first come
+# first served) to the team with the fewest there, then to the one that has used the
+# workers least since its line began. Keep it at the workers' total concurrency (every
+# worker's children together): a stage sent beyond it waits in the broker's queue, first
+# in first out, where no other team's stage can overtake it.
+INGEST_MAX_IN_FLIGHT = env.int("INGEST_MAX_IN_FLIGHT", default=CELERY_WORKER_CONCURRENCY)
+# What a team has used counts from when its oldest unfinished document joined the line, at
+# most this far back.
+INGEST_FAIR_WINDOW_SECONDS = env.int("INGEST_FAIR_WINDOW_SECONDS", default=600)
+# A document's next stage follows its last at once unless a waiting team has used the
+# workers less by more than this (worker seconds): a small document runs through, a team
+# far ahead gives way between stages.
+INGEST_FAIR_QUANTUM_SECONDS = env.float("INGEST_FAIR_QUANTUM_SECONDS", default=2.0)
 # The embed stage hands the worker back after a batch that ends past this, and queues the
 # rest behind the other documents' stages: well inside the soft limit, fair to other teams.
 INGEST_EMBED_SLICE_SECONDS = env.float(

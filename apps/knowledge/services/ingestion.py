@@ -15,13 +15,17 @@ reservation on the document; charging the ledger settles it in the same transact
 so do failing and deleting the document. A refused reservation fails the document before
 anything is embedded; its source stays, so it can be re-ingested once the quota allows.
 
-The workers get documents from a fair dispatcher, not first come first served: a queued
-document waits in its team's line, and each place among the ``INGEST_MAX_IN_FLIGHT``
-documents the workers hold goes to the team with the fewest there, so one team's backlog
-never stands in front of another team's first document. Each stage's task sends the next
-one when it has moved the document on; the embed stage works in slices of
-``INGEST_EMBED_SLICE_SECONDS`` and sends itself again, so a long document neither outlasts
-the time limit nor holds a worker while other teams wait.
+The workers get stages from a fair dispatcher, not first come first served: a document
+waits in its team's line, and each place among the ``INGEST_MAX_IN_FLIGHT`` stages the
+workers hold goes to the team with the fewest there, then to the team that has used the
+workers least since its line began (:func:`_used_lately`), then to the one waiting
+longest. When a stage ends, the document's next stage follows at once unless another
+team is waiting that has used the workers less, by more than
+``INGEST_FAIR_QUANTUM_SECONDS``; then the place goes back to the dispatcher. So one
+team's backlog, or its files that take long to parse, stand in front of another team's
+document for about the stage already running; the embed stage works in slices of
+``INGEST_EMBED_SLICE_SECONDS``, so a long document neither outlasts the time limit nor
+holds a worker while other teams wait.
 
 A worker runs each stage under Celery's soft and hard time limits. Past the soft one the
 document fails with ``time_limit_exceeded``. A stage that kills its worker process (a crash,
@@ -35,16 +39,17 @@ from __future__ import annotations
 
 import functools
 import logging
+import operator
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import timedelta
 from pathlib import PurePath
 
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Count, F, Min, QuerySet
+from django.db.models import Count, F, Min, Q, QuerySet, Sum
 from django.utils import timezone
 
 from apps.core.crypto import decrypt_bytes
@@ -88,20 +93,20 @@ def ingestion_enqueue(*, document: Document) -> None:
 
 
 def ingestion_dispatch() -> list[int]:
-    """Hand waiting documents to the workers, taking turns between teams; their ids.
+    """Send waiting documents' next stages to the workers, taking turns between teams;
+    the documents' ids.
 
-    At most ``INGEST_MAX_IN_FLIGHT`` documents are with the workers at once (0, or tasks
-    run eagerly: no cap, first come first served). Each free place goes to the team with
-    the fewest documents there, ties to the team waiting longest, and within a team to its
-    oldest document. Called when a document joins the line, when one leaves the workers
-    (indexed or failed), and by the periodic sweep. Two dispatchers at once never send a
-    document twice (the hand-over is a conditional update), though they may overshoot the
-    cap by the places they both saw free.
+    At most ``INGEST_MAX_IN_FLIGHT`` stages are with the workers at once (0, or tasks run
+    eagerly: no cap, first come first served). Each free place goes to the team with the
+    fewest stages there, then to the one that has used the workers least since its line
+    began, then to the one waiting longest, and within a team to its oldest document.
+    Called when a document joins the line, when a stage gives its place back, and by the
+    periodic sweep. Two dispatchers at once never send a document twice (the hand-over is
+    a conditional update), though they may overshoot the cap by the places they both saw
+    free.
     """
-    waiting = Document.objects.filter(
-        status__in=ACTIVE, enqueued_at__isnull=False, dispatched_at__isnull=True
-    ).order_by()
-    cap = 0 if celery_app.conf.task_always_eager else settings.INGEST_MAX_IN_FLIGHT
+    waiting = _waiting()
+    cap = _cap()
     if cap <= 0:
         chosen = list(waiting.order_by("enqueued_at", "pk").values_list("pk", flat=True))
     else:
@@ -118,16 +123,28 @@ def ingestion_dispatch() -> list[int]:
     return sent
 
 
+def _waiting() -> QuerySet[Document]:
+    return Document.objects.filter(
+        status__in=ACTIVE, enqueued_at__isnull=False, dispatched_at__isnull=True
+    ).order_by()
+
+
+def _cap() -> int:
+    return 0 if celery_app.conf.task_always_eager else settings.INGEST_MAX_IN_FLIGHT
+
+
 def _fair_choice(
     waiting: QuerySet[Document], in_flight: QuerySet[Document], *, places: int
 ) -> list[int]:
     """Up to ``places`` waiting documents, one at a time to the team with the fewest with
-    the workers (counting those already chosen), then the longest waiting."""
+    the workers (counting those already chosen), then the one that has used them least
+    since its line began, then the longest waiting."""
     if places <= 0:
         return []
     first_waiting = dict(
         waiting.values("team_id").annotate(first=Min("enqueued_at")).values_list("team_id", "first")
     )
+    used = _used_lately(first_waiting)
     busy = Counter(
         dict(
             in_flight.order_by()
@@ -138,7 +155,10 @@ def _fair_choice(
     )
     chosen: list[int] = []
     while first_waiting and len(chosen) < places:
-        team_id = min(first_waiting, key=lambda team: (busy[team], first_waiting[team], team))
+        team_id = min(
+            first_waiting,
+            key=lambda team: (busy[team], used[team], first_waiting[team], team),
+        )
         document_id = (
             waiting.filter(team_id=team_id)
             .exclude(pk__in=chosen)
@@ -154,6 +174,44 @@ def _fair_choice(
     return chosen
 
 
+def _used_lately(team_ids: Iterable[int]) -> dict[int, float]:
+    """Each team's worker seconds since its line began: on its documents touched since its
+    oldest unfinished one joined the line, and within ``INGEST_FAIR_WINDOW_SECONDS``.
+
+    What a team used before its present documents came is forgotten, as a fair queue
+    forgets a flow that went idle: a team's new document is not held back for the
+    documents it had indexed earlier, while a team that keeps the workers busy (a backlog,
+    files that take long to parse or fail) keeps what it used against it.
+    """
+    teams = list(team_ids)
+    window = timezone.now() - timedelta(seconds=settings.INGEST_FAIR_WINDOW_SECONDS)
+    began = dict(
+        Document.objects.filter(team_id__in=teams, status__in=ACTIVE)
+        .order_by()
+        .values("team_id")
+        .annotate(first=Min("enqueued_at"))
+        .values_list("team_id", "first")
+    )
+    used = dict.fromkeys(teams, 0.0)
+    if not began:
+        return used
+    since = functools.reduce(
+        operator.or_,
+        (
+            Q(team_id=team, updated_at__gte=max(first or window, window))
+            for team, first in began.items()
+        ),
+    )
+    used.update(
+        Document.objects.filter(since)
+        .order_by()
+        .values("team_id")
+        .annotate(seconds=Sum("worker_seconds"))
+        .values_list("team_id", "seconds")
+    )
+    return used
+
+
 def _send(document_id: int, stage: str) -> None:
     """Queue the task of ``stage`` for the document once the current transaction commits."""
     signature = celery_app.signature(TASKS[stage], args=[document_id], immutable=True)
@@ -166,10 +224,11 @@ def ingestion_stage_run(*, document_id: int, stage: str) -> None:
     Counts the delivery as lost before the stage starts and clears the count when it
     finishes in any way the process survives, so only deliveries that died with their
     process remain counted; at the limit the document is quarantined without running the
-    stage again. When the stage has moved the document on, the next stage's task is sent;
-    an embed slice that ran out of time sends its own stage again; a document that has
-    left the workers (indexed or failed) frees a place for the dispatcher. A delivery for
-    a stage the document has already left is handled as in a chain (``_send_if_past``).
+    stage again. The time the stage took is added to the document's worker seconds, and
+    its place goes back to the dispatcher: to the document's next stage (or the rest of an
+    embed slice that ran out of time) if its team is next in turn, else to another team. A
+    delivery for a stage the document has already left is handled as in a chain
+    (``_send_if_past``).
     """
     lost = _delivery_begin(document_id, stage)
     if lost is None:
@@ -185,6 +244,7 @@ def ingestion_stage_run(*, document_id: int, stage: str) -> None:
         ingestion_dispatch()
         return
     options = {"slice_seconds": settings.INGEST_EMBED_SLICE_SECONDS} if stage == Stage.EMBED else {}
+    started = time.monotonic()
     try:
         STAGE_FUNCTIONS[stage](document_id=document_id, **options)
     except SoftTimeLimitExceeded:
@@ -199,11 +259,12 @@ def ingestion_stage_run(*, document_id: int, stage: str) -> None:
             error=f"out_of_memory: the {stage} stage ran out of memory",
         )
     except Exception:
-        _delivery_end(document_id)  # the process lives on: the task retries or gives up
+        # The process lives on: the task retries or gives up.
+        _delivery_end(document_id, seconds=time.monotonic() - started)
         raise
     # Not for SystemExit and the like: the process is being terminated (the pool's hard
     # time limit sends SIGTERM before SIGKILL), and the delivery stays counted as lost.
-    _delivery_end(document_id)
+    _delivery_end(document_id, seconds=time.monotonic() - started)
     _send_next(document_id, stage)
 
 
@@ -220,8 +281,10 @@ def _delivery_begin(document_id: int, stage: str) -> int | None:
     return lost
 
 
-def _delivery_end(document_id: int) -> None:
-    Document.objects.filter(pk=document_id).update(lost_deliveries=0)
+def _delivery_end(document_id: int, *, seconds: float) -> None:
+    Document.objects.filter(pk=document_id).update(
+        lost_deliveries=0, worker_seconds=F("worker_seconds") + seconds
+    )
 
 
 def _send_if_past(document_id: int, stage: str) -> None:
@@ -231,10 +294,11 @@ def _send_if_past(document_id: int, stage: str) -> None:
     stage's task (this one is then its re-delivery): send that task. Had it been sent,
     the next stage finds the document further on as well and does the same, so a stale
     duplicate runs through to the stage the document is at, like the rest of a chain.
-    Nothing for a document that is gone, failed, indexed, or back at an earlier stage.
+    Nothing for a document that is gone, failed, indexed, back at an earlier stage, or
+    back in its team's line (the dispatcher sends it).
     """
     current = (
-        Document.objects.filter(pk=document_id, status__in=ACTIVE)
+        Document.objects.filter(pk=document_id, status__in=ACTIVE, dispatched_at__isnull=False)
         .values_list("stage", flat=True)
         .first()
     )
@@ -243,11 +307,39 @@ def _send_if_past(document_id: int, stage: str) -> None:
 
 
 def _send_next(document_id: int, stage: str) -> None:
-    document = Document.objects.filter(pk=document_id).values_list("stage", "status").first()
+    """After a stage: the document's next stage (or the rest of an embed slice) while its
+    team keeps its turn; else its place back to the dispatcher, the document back in its
+    team's line, ahead of the team's later documents. A document that has left the
+    workers frees its place."""
+    row = Document.objects.filter(pk=document_id).values_list("stage", "status", "team_id")
+    document = row.first()
     if document is None or document[1] not in ACTIVE:
-        ingestion_dispatch()  # its place with the workers is free
-    elif document[0] != stage or stage == Stage.EMBED:
-        _send(document_id, document[0])
+        ingestion_dispatch()
+        return
+    current, _, team_id = document
+    if current == stage and stage != Stage.EMBED:
+        return  # not moved on: it keeps its place until the stalled sweep
+    if _keeps_its_turn(team_id):
+        _send(document_id, current)
+        return
+    Document.objects.filter(pk=document_id, dispatched_at__isnull=False).update(dispatched_at=None)
+    ingestion_dispatch()
+
+
+def _keeps_its_turn(team_id: int) -> bool:
+    """Whether a team's document goes on to its next stage at once: yes, unless another
+    team is waiting that has used the workers less than this one, by more than
+    ``INGEST_FAIR_QUANTUM_SECONDS`` (a small document then runs through, and a team that
+    has used the workers for long gives way between stages)."""
+    if _cap() <= 0:
+        return True
+    others = set(_waiting().exclude(team_id=team_id).values_list("team_id", flat=True))
+    if not others:
+        return True
+    used = _used_lately({team_id, *others})
+    return (
+        used[team_id] <= min(used[team] for team in others) + settings.INGEST_FAIR_QUANTUM_SECONDS
+    )
 
 
 def document_ingest(*, document_id: int) -> Document:

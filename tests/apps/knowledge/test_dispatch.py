@@ -97,6 +97,103 @@ def test_free_places_alternate_between_teams_with_a_backlog(
     assert ingestion_dispatch() == [a[0].pk, b[0].pk, a[1].pk, b[1].pk]
 
 
+def test_the_team_that_has_used_the_workers_least_since_its_line_began_goes_first(
+    team: Team, other_team: Team, queued: None, settings: Any, sent: list[tuple[int, str]]
+) -> None:
+    settings.INGEST_MAX_IN_FLIGHT = 1
+    mine, theirs = factories.collection(team=team), factories.collection(team=other_team)
+    parsed = submit(mine, "Parsed for a long time.", title="A0")
+    later = submit(mine, "A's next document.", title="A1")
+    # Its parse took 30 s; it is back in line for its next stage.
+    Document.objects.filter(pk=parsed.pk).update(stage="chunk", worker_seconds=30.0)
+    b = submit(theirs, "B's first document.", title="B")
+    assert ingestion_dispatch() == [b.pk]  # though A's have waited longer
+
+    finish(b)
+    Document.objects.filter(pk=b.pk).update(worker_seconds=31.0)
+    assert ingestion_dispatch() == [parsed.pk]
+    assert later.pk not in [pk for pk, _ in sent]
+
+
+def test_what_a_team_used_before_its_line_began_is_forgotten(
+    team: Team, other_team: Team, queued: None, settings: Any, sent: list[tuple[int, str]]
+) -> None:
+    settings.INGEST_MAX_IN_FLIGHT = 1
+    mine, theirs = factories.collection(team=team), factories.collection(team=other_team)
+    earlier = submit(mine, "Indexed a minute ago.", title="Earlier")
+    Document.objects.filter(pk=earlier.pk).update(
+        status="indexed",
+        stage="done",
+        worker_seconds=30.0,
+        updated_at=timezone.now() - timedelta(minutes=1),
+    )
+    a = submit(mine, "A's new document.", title="A")
+    b = submit(theirs, "B's first document.", title="B")
+    assert ingestion_dispatch() == [a.pk]  # even: A has waited longer
+    assert Document.objects.get(pk=b.pk).dispatched_at is None
+
+
+@pytest.mark.parametrize(("quantum", "follows"), [(2.0, True), (0.0, False)])
+def test_a_stage_is_followed_at_once_while_its_team_is_within_the_quantum(
+    quantum: float,
+    follows: bool,
+    team: Team,
+    other_team: Team,
+    queued: None,
+    settings: Any,
+    sent: list[tuple[int, str]],
+) -> None:
+    settings.INGEST_MAX_IN_FLIGHT = 1
+    settings.INGEST_FAIR_QUANTUM_SECONDS = quantum
+    running = submit(factories.collection(team=team), TEXT, title="Running")
+    ingestion_dispatch()
+    waiting = submit(factories.collection(team=other_team), TEXT, title="Waiting")
+
+    ingestion_stage_run(document_id=running.pk, stage="parse")  # a few ms of the workers
+
+    running.refresh_from_db()
+    assert running.worker_seconds > 0
+    if follows:
+        assert sent == [(running.pk, "parse"), (running.pk, "chunk")]
+        assert running.dispatched_at is not None
+    else:  # the other team has used the workers less: the place is theirs
+        assert sent == [(running.pk, "parse"), (waiting.pk, "parse")]
+        assert running.dispatched_at is None and running.stage == "chunk"
+
+
+def test_each_stage_gives_its_place_back_to_the_team_next_in_turn(
+    team: Team, other_team: Team, queued: None, settings: Any, sent: list[tuple[int, str]]
+) -> None:
+    """A document does not keep its place from one stage to the next: a slow file of one
+    team (a parse of seconds) stands in front of another team's document once at most."""
+    settings.INGEST_MAX_IN_FLIGHT = 1
+    slow = submit(factories.collection(team=team), TEXT, title="Slow")
+    ingestion_dispatch()
+    ordinary = submit(factories.collection(team=other_team), TEXT, title="Ordinary")
+    Document.objects.filter(pk=slow.pk).update(worker_seconds=5.0)  # its earlier parses
+
+    ingestion_stage_run(document_id=slow.pk, stage="parse")
+    for stage in ("parse", "chunk", "embed", "index"):
+        ingestion_stage_run(document_id=ordinary.pk, stage=stage)
+
+    assert sent == [
+        (slow.pk, "parse"),
+        (ordinary.pk, "parse"),  # the place the slow one's parse gave back
+        (ordinary.pk, "chunk"),
+        (ordinary.pk, "embed"),
+        (ordinary.pk, "index"),
+        (slow.pk, "chunk"),  # its turn again once the other team has nothing waiting
+    ]
+    slow.refresh_from_db()
+    assert (slow.stage, slow.status, slow.dispatched_at is not None) == (
+        "chunk",
+        "processing",
+        True,
+    )
+    assert slow.worker_seconds > 5.0  # the parse's own time added
+    assert Document.objects.get(pk=ordinary.pk).status == "indexed"
+
+
 def test_without_a_cap_documents_go_first_come_first_served(
     team: Team, other_team: Team, queued: None, settings: Any, sent: list[tuple[int, str]]
 ) -> None:
@@ -270,14 +367,19 @@ def test_a_transient_error_is_not_a_lost_delivery(
 
 
 def test_a_stage_that_keeps_killing_its_worker_is_quarantined_on_the_fourth_delivery(
-    team: Team, monkeypatch: pytest.MonkeyPatch, settings: Any, sent: list[tuple[int, str]]
+    team: Team,
+    monkeypatch: pytest.MonkeyPatch,
+    settings: Any,
+    queued: None,
+    sent: list[tuple[int, str]],
 ) -> None:
     settings.EMBED_BATCH_SIZE = 2
+    settings.INGEST_MAX_IN_FLIGHT = 1
     Limit.objects.create(team=team, daily_tokens=100_000)
     collection = factories.collection(team=team)
     document = submit(collection, TEXT, title="Poison")
     waiting = submit(collection, "Next in line.", title="Next")
-    Document.objects.filter(pk=waiting.pk).update(dispatched_at=None)
+    assert ingestion_dispatch() == [document.pk]
     for stage in ("parse", "chunk"):
         ingestion_stage_run(document_id=document.pk, stage=stage)
     calls = broken_stage(monkeypatch, "embed", SystemExit())  # the process being killed

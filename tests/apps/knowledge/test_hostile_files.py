@@ -157,7 +157,8 @@ def test_a_real_worker_fails_every_hostile_file_and_indexes_another_teams_docume
     settings: Any,
 ) -> None:
     """One place at the workers, taken first by the hostile files: the other team's
-    document is indexed only if each of them gives its place back when it fails."""
+    document is indexed only if each of them gives its place back when it fails (it may
+    then overtake those still waiting: their team has used the workers more)."""
     settings.INGEST_MAX_IN_FLIGHT = 1  # this process dispatches each upload on commit
     worker = start_worker(INGEST_MAX_IN_FLIGHT="1")
     attacker = factories.collection(team=team)
@@ -180,6 +181,12 @@ def test_a_real_worker_fails_every_hostile_file_and_indexes_another_teams_docume
     )
     ordinary.refresh_from_db()
     assert (ordinary.status, ordinary.error, ordinary.page_count) == ("indexed", "", 1)
+    wait_for(
+        lambda: not Document.objects.filter(status__in=("queued", "processing")).exists(),
+        worker=worker,
+        timeout=120,
+        what="the hostile files",
+    )
     for name, document in hostile.items():
         document.refresh_from_db()
         assert document.status == "failed", (name, document.status, worker.output())

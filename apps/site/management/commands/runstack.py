@@ -81,7 +81,9 @@ class Command(BaseCommand):
             ],
         }
         if not settings.CELERY_TASK_ALWAYS_EAGER:
-            commands["worker"] = worker_argv(python, beat=True)
+            commands["worker"] = worker_argv(
+                python, beat=True, concurrency=settings.CELERY_WORKER_CONCURRENCY
+            )
         if settings.INFERENCE_RUN_LOCAL:
             commands["inference"] = inference_argv(
                 host=settings.INFERENCE_HOST,
