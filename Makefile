@@ -48,7 +48,7 @@ bench: $(STAMP)
 ## Refresh the browser libraries the app serves (pinned in package.json / package-lock.json)
 MARKED := $(shell node -p "require('./package.json').dependencies.marked" 2>/dev/null)
 DOMPURIFY := $(shell node -p "require('./package.json').dependencies.dompurify" 2>/dev/null)
-VENDOR := apps/core/static/vendor
+VENDOR := apps/chat/static/vendor
 vendor:
 	npm ci --ignore-scripts --no-audit --no-fund
 	rm -rf $(VENDOR) && mkdir -p $(VENDOR)/marked-$(MARKED) $(VENDOR)/dompurify-$(DOMPURIFY)

@@ -787,15 +787,15 @@ def burst_flood(url: str, args: argparse.Namespace) -> None:
 
 def burst_run(root: Path, tier_url: str, log_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
     """Both phases against the app served from ``root``."""
-    from bench.answer_latency import (
+    from bench.harness import (
         Service,
         app_client,
+        cpu_seconds,
         free_port,
         service_env,
         stream_direct,
         wait_ready,
     )
-    from bench.gateway import cpu_seconds
 
     data_dir = Path(tempfile.mkdtemp(prefix="abuse-burst-", dir=log_dir))
     env = service_env(
@@ -904,11 +904,11 @@ def burst_run(root: Path, tier_url: str, log_dir: Path, args: argparse.Namespace
 
 def burst_main(args: argparse.Namespace) -> None:
     sys.path.insert(0, str(REPO_ROOT))
-    from bench.admission_latency import percentile
-    from bench.answer_latency import (
+    from bench.harness import (
         FAKE_UPSTREAM_CODE,
         Services,
         free_port,
+        percentile,
         quiet_gc,
         wait_ready,
     )

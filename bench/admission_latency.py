@@ -50,20 +50,15 @@ Run
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import shutil
 import statistics
 import sys
 import tempfile
-import threading
 import time
 import uuid
-from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import httpx
 
@@ -71,87 +66,19 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:  # run as ``python bench/admission_latency.py``
     sys.path.insert(0, str(REPO_ROOT))
 
+from bench.harness import (  # noqa: E402
+    Result,
+    check_postgres,
+    check_redis,
+    fresh_database,
+    percentile,
+    redis_cleanup,
+    run_configuration,
+    setup_django,
+)
+
 DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/ragtier_bench_admission"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/14"
-LARGE = 10**15
-
-
-# --------------------------------------------------------------------------- helpers
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank-interpolated percentile (q in 0..100) of a non-empty list."""
-    ordered = sorted(values)
-    if len(ordered) == 1:
-        return ordered[0]
-    position = (len(ordered) - 1) * q / 100
-    low = int(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
-
-
-def check_postgres(database_url: str) -> str | None:
-    """None when the server answers; otherwise why not."""
-    import psycopg
-
-    parts = urlsplit(database_url)
-    if parts.scheme not in ("postgres", "postgresql", "pgsql"):
-        return f"--database-url must be a PostgreSQL URL, got {parts.scheme!r}"
-    try:
-        conn = psycopg.connect(
-            host=parts.hostname or "127.0.0.1",
-            port=parts.port or 5432,
-            user=parts.username or "postgres",
-            password=parts.password or None,
-            dbname="postgres",
-            connect_timeout=3,
-        )
-        conn.close()
-    except Exception as exc:  # any failure means unreachable
-        return f"PostgreSQL at {parts.hostname}:{parts.port or 5432} is unreachable: {exc}"
-    return None
-
-
-def check_redis(redis_url: str) -> str | None:
-    import redis
-
-    try:
-        redis.Redis.from_url(redis_url, socket_connect_timeout=2, socket_timeout=2).ping()
-    except Exception as exc:
-        return f"Redis at {redis_url} is unreachable: {exc}"
-    return None
-
-
-def setup_django(data_dir: Path, database_url: str) -> None:
-    """Configure and start Django; must run before any app import."""
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.base")
-    os.environ["RAGTIER_DATA_DIR"] = str(data_dir)
-    os.environ["DATABASE_URL"] = database_url
-    os.environ["RATE_LIMIT_REDIS_URL"] = ""  # set per configuration below
-    os.environ.setdefault("LOG_LEVEL", "WARNING")
-
-    import django
-
-    django.setup()
-
-
-@contextlib.contextmanager
-def fresh_database() -> Iterator[str]:
-    """Create settings' PostgreSQL database (dropping a leftover one of the same name) and
-    migrate it, with Django's test-database machinery; drop it at the end. Yields its name.
-    """
-    from django.conf import settings
-    from django.db import connection
-    from django.test.utils import setup_databases, teardown_databases
-
-    name = settings.DATABASES["default"]["NAME"]
-    settings.DATABASES["default"].setdefault("TEST", {})["NAME"] = name
-    old_config = setup_databases(verbosity=0, interactive=False)
-    try:
-        yield name
-    finally:
-        connection.close()
-        teardown_databases(old_config, verbosity=0)
 
 
 # --------------------------------------------------------------------------- fake TTFT
@@ -188,145 +115,6 @@ def fake_ttft_ms(samples: int, warmup: int = 5) -> list[float]:
     return times
 
 
-# --------------------------------------------------------------------------- admission
-
-
-@dataclass
-class Result:
-    store: str
-    concurrency: int
-    samples_ms: list[float] = field(default_factory=list)
-    reserve_ms: list[float] = field(default_factory=list)
-    settle_ms: list[float] = field(default_factory=list)
-    wall_s: float = 0.0
-    errors: list[str] = field(default_factory=list)
-    checks: list[str] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not self.errors and not self.checks
-
-
-def run_configuration(
-    *,
-    store: str,
-    redis_url: str,
-    concurrency: int,
-    iterations: int,
-    warmup: int,
-    reserve_tokens: int,
-    teams: int = 1,
-) -> Result:
-    """Reserve + settle from ``concurrency`` threads; thread i charges team ``i % teams``."""
-    from django.conf import settings
-    from django.db import connection
-
-    from apps.accounts.models import Team
-    from apps.accounts.services import team_create
-    from apps.usage.budgets import budget_reserve, budget_settle, limits_cache
-    from apps.usage.models import Limit, QuotaCounter, Reservation
-
-    settings.RATE_LIMIT_REDIS_URL = redis_url if store == "redis" else ""
-    run = uuid.uuid4().hex[:8]
-    team_list = [
-        team_create(name=f"bench-admission-{store}-{concurrency}-{run}-{number}")
-        for number in range(teams)
-    ]
-    limits = [
-        Limit.objects.create(
-            team=team,
-            burst_tokens=LARGE,
-            tokens_per_minute=LARGE,
-            daily_tokens=LARGE,
-            max_concurrent_streams=max(64, concurrency * 2),
-        )
-        for team in team_list
-    ]
-    result = Result(store, concurrency)
-    lock = threading.Lock()
-    settled_total = [0]
-    per_thread = [iterations // concurrency] * concurrency
-    for index in range(iterations % concurrency):
-        per_thread[index] += 1
-    warm_per_thread = max(1, warmup // concurrency)
-    barrier = threading.Barrier(concurrency + 1)
-
-    def one(team: Team, number: int) -> tuple[float, float, int]:
-        refund = 1 + number % (reserve_tokens // 2)
-        started = time.perf_counter()
-        reservation = budget_reserve(
-            team=team,
-            api_key=None,
-            tokens=reserve_tokens,
-            defer_record=True,
-            limits=limits_cache.get(team=team, api_key=None),  # as the answer path reads them
-        )
-        reserved = time.perf_counter()
-        actual = reserve_tokens - refund
-        budget_settle(reservation=reservation, actual=actual)
-        done = time.perf_counter()
-        return reserved - started, done - reserved, actual
-
-    def worker(index: int) -> None:
-        local: list[tuple[float, float]] = []
-        total = 0
-        team = team_list[index % teams]
-        try:
-            for number in range(warm_per_thread):
-                total += one(team, number)[2]
-            barrier.wait()
-            for number in range(per_thread[index]):
-                reserve_s, settle_s, actual = one(team, number)
-                total += actual
-                local.append((reserve_s, settle_s))
-        except threading.BrokenBarrierError:
-            pass
-        except Exception as exc:  # reported, the run goes on
-            with lock:
-                result.errors.append(f"{type(exc).__name__}: {exc}")
-            barrier.abort()
-        finally:
-            connection.close()
-            with lock:
-                settled_total[0] += total
-                for reserve_s, settle_s in local:
-                    result.reserve_ms.append(reserve_s * 1000)
-                    result.settle_ms.append(settle_s * 1000)
-                    result.samples_ms.append((reserve_s + settle_s) * 1000)
-
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(concurrency)]
-    for thread in threads:
-        thread.start()
-    with contextlib.suppress(threading.BrokenBarrierError):
-        barrier.wait()
-    started = time.perf_counter()
-    for thread in threads:
-        thread.join()
-    result.wall_s = time.perf_counter() - started
-
-    used = sum(QuotaCounter.objects.filter(limit__in=limits).values_list("used", flat=True))
-    if used != settled_total[0]:
-        result.checks.append(f"quota counter {used} != sum of actual {settled_total[0]}")
-    ours = Reservation.objects.filter(team__in=team_list)
-    unsettled = ours.filter(settled_at__isnull=True).count()
-    if unsettled:
-        result.checks.append(f"{unsettled} reservations unsettled")
-    pending = ours.filter(remote_pending=True).count()
-    if pending:
-        result.checks.append(f"{pending} Redis refunds pending")
-    return result
-
-
-def redis_cleanup(redis_url: str, prefix: str) -> int:
-    import redis
-
-    client = redis.Redis.from_url(redis_url, socket_connect_timeout=2, socket_timeout=2)
-    keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
-    if keys:
-        client.delete(*keys)
-    return len(keys)
-
-
 # --------------------------------------------------------------------------- main
 
 
@@ -350,8 +138,13 @@ def main(argv: list[str] | None = None) -> int:
 
     data_dir = Path(tempfile.mkdtemp(prefix="ragtier-bench-admission-"))
     prefix = f"ragtier:bench:admission:{uuid.uuid4().hex[:12]}:"
-    os.environ["RATE_LIMIT_KEY_PREFIX"] = prefix
-    setup_django(data_dir, args.database_url)
+    # The store is picked per configuration below ("" = database).
+    setup_django(
+        data_dir,
+        DATABASE_URL=args.database_url,
+        RATE_LIMIT_REDIS_URL="",
+        RATE_LIMIT_KEY_PREFIX=prefix,
+    )
 
     from django.conf import settings
     from django.db import connection

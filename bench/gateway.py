@@ -12,7 +12,7 @@ What is measured (every part in both configurations; one line per target,
        the first chunk with non-empty ``delta.content`` from the OpenAI-compatible
        ``POST /v1/chat/completions`` (``stream: true``, ``rag: {"enabled": false}``) and
        from the tier's own ``/v1/chat/completions`` (the body the app sends, built as
-       bench/answer_latency.py builds it). Each surface has its own tier sample per round.
+       ``bench.harness.direct_body`` builds it). Each surface has its own tier sample per round.
        Reported per surface: p50 and p99 of the per-round difference app - tier.
        Targets: p50 <= 3 ms, p99 <= 15 ms. Beside them, what one answer costs the app's
        process: its CPU (all threads, ``/proc/<pid>/task/*/schedstat``) over
@@ -20,18 +20,19 @@ What is measured (every part in both configurations; one line per target,
        stores each answer (two messages, the event journal), the OpenAI surface by default
        does not.
     2. Admission: ``budget_reserve`` + ``budget_settle`` in this process, measured by
-       bench/admission_latency.py's ``run_configuration`` (one sample = reserve + settle;
-       the reserve alone, the step before the first token, is shown beside),
+       ``bench.harness.run_configuration``, as bench/admission_latency.py measures it (one
+       sample = reserve + settle; the reserve alone, the step before the first token, is
+       shown beside),
        ``--admission-concurrency`` (32) threads at once spread over 8 teams, then all on one
        team. Every team has a ``Limit`` (token bucket, daily quota, stream slots), so each
        limiter path runs and nothing is refused. The limiter store is the database (SQLite)
        in the embedded configuration and Redis in the other.
        Targets: 8 teams p50 <= 2 ms, p99 <= 20 ms; one team p99 <= 50 ms.
     3. Tokens/s at the client against the tier: the fake at 1 ms per token, ``--tokens``
-       (500) per answer, 4 and 32 streams at once (threads, bench/answer_latency.py's
+       (500) per answer, 4 and 32 streams at once (threads, ``bench.harness``'s
        ``measure_throughput``), ``--reps`` batches each, app and tier alternating.
        Aggregate rate of a batch = tokens / (last chunk of any stream - first request sent),
-       tokens counted inside the app's merged deltas (see bench/answer_latency.py);
+       tokens counted inside the app's merged deltas (see ``bench.harness.Stream``);
        reported: median over batches, ratio app/tier.
        Targets: >= 0.97x at 4 streams, >= 0.95x at 32.
        The fake paces its tokens on a fixed schedule (``Script.paced``: token i due i ms
@@ -71,9 +72,9 @@ How
     end) and ``--redis-url`` (default db 14) with unique key prefixes (rate limits, queue
     slots); those keys and the answers' event buffers are deleted at the end. Django runs in the
     child (``config.settings.base``) to migrate, create a team and an API key
-    (bench/answer_latency.py's ``setup_data``, no corpus) and for part 2. Subprocesses on
+    (``bench.harness.setup_data``, no corpus) and for part 2. Subprocesses on
     loopback ports: the fake tier and the app (``uvicorn config.asgi:application``, one
-    worker, started by answer_latency's ``start_app`` with ``INFERENCE_BASE_URL`` at the
+    worker, started by the harness's ``start_app`` with ``INFERENCE_BASE_URL`` at the
     fake, ``INFERENCE_MAX_CONCURRENCY=2000``, ``INFERENCE_QUEUE_TIMEOUT=30``); the app
     counts with its default tokenizer (the real GGUF one), as answer_latency's fake part
     does. The open-file limit is raised to its hard limit first (the subprocesses inherit
@@ -120,30 +121,30 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:  # run as ``python bench/gateway.py``
     sys.path.insert(0, str(REPO_ROOT))
 
-from bench.admission_latency import (  # noqa: E402
-    check_postgres,
-    check_redis,
-    fresh_database,
-    percentile,
-    redis_cleanup,
-    run_configuration,
-)
-from bench.answer_latency import (  # noqa: E402
+from bench.harness import (  # noqa: E402
     FAKE_UPSTREAM_CODE,
     Service,
     Services,
     Stream,
     app_body,
     app_client,
+    check_postgres,
+    check_redis,
+    cpu_seconds,
     direct_body,
     free_port,
+    fresh_database,
     measure_throughput,
     median,
     new_conversation,
+    percentile,
     quiet_gc,
+    redis_cleanup,
+    run_configuration,
     service_env,
     setup_data,
     start_app,
+    start_django,
     stream_app,
     stream_direct,
     tier_client,
@@ -304,7 +305,7 @@ def delete_event_buffers(redis_url: str) -> int:
     """The Redis event buffers of this run's answers (their keys have no prefix setting)."""
     import redis
 
-    from apps.chat.events import RedisEventStore
+    from apps.chat.event_store import RedisEventStore
     from apps.chat.models import Message
 
     ids = list(Message.objects.values_list("id", flat=True))
@@ -531,16 +532,6 @@ async def open_streams(
         return await asyncio.gather(*(timed_stream(client, p, b) for p, b in requests))
 
 
-def cpu_seconds(pid: int) -> float:
-    """CPU time a process has used, all its threads (``/proc/<pid>/task/*/schedstat``:
-    nanoseconds on the CPU, not the 10 ms ticks of ``/proc/<pid>/stat``)."""
-    total = 0
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        with contextlib.suppress(OSError):  # a thread that ended meanwhile
-            total += int((task / "schedstat").read_text().split()[0])
-    return total / 1e9
-
-
 def vm_rss_kib(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -729,10 +720,7 @@ def child(args: argparse.Namespace) -> int:
             if problem:
                 print(f"error: {problem}", file=sys.stderr)
                 return 2
-    os.environ.update(service_env(data_dir, **extra), LOG_LEVEL="WARNING")
-    import django
-
-    django.setup()
+    start_django(service_env(data_dir, **extra, LOG_LEVEL="WARNING"))
     from inference import GGUFTokenizer
 
     quiet_gc()
@@ -819,8 +807,8 @@ def main(argv: list[str] | None = None) -> int:
         "--admission-iterations", type=int, default=1280, help="part 2: samples per case"
     )
     parser.add_argument("--tokens", type=int, default=500, help="part 3: tokens per stream")
-    # 3 batches gave medians 0.02 apart from run to run at 4 streams, about the margin to
-    # the target; 8 take 25 s more per configuration.
+    # Fewer batches leave the median at 4 streams as far apart from run to run as it is
+    # from its target (see docs/gateway.md).
     parser.add_argument("--reps", type=int, default=8, help="part 3: batches per count and kind")
     parser.add_argument("--streams", type=int, default=1000, help="part 4: streams at once")
     parser.add_argument("--slow-tokens", type=int, default=60, help="part 4: tokens per stream")

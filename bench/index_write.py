@@ -49,11 +49,10 @@ from typing import Any
 import numpy as np
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-for path in (REPO_ROOT, REPO_ROOT / "bench"):
-    if str(path) not in sys.path:  # run as ``python bench/index_write.py``
-        sys.path.insert(0, str(path))
+if str(REPO_ROOT) not in sys.path:  # run as ``python bench/index_write.py``
+    sys.path.insert(0, str(REPO_ROOT))
 
-from retrieval_latency import (  # noqa: E402
+from bench.harness import (  # noqa: E402
     CHUNK_TEXT,
     create_fixture,
     random_unit_vectors,
@@ -176,11 +175,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     data_dir = Path(tempfile.mkdtemp(prefix="ragtier-bench-index-write-"))
-    os.environ["VECTOR_INDEX_KIND"] = args.kind
-    os.environ["INDEX_COMPACT_DELTAS"] = str(args.rounds + 10)
     load_before = os.getloadavg()
     try:
-        setup_django(data_dir, None)
+        setup_django(
+            data_dir,
+            migrate=True,
+            VECTOR_INDEX_KIND=args.kind,
+            INDEX_COMPACT_DELTAS=str(args.rounds + 10),
+        )
         from django.db import connection
 
         from apps.knowledge.models import Collection

@@ -44,6 +44,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:  # run as ``python bench/ingest_fairness.py``
     sys.path.insert(0, str(REPO_ROOT))
 
+from bench.harness import django_env, start_django  # noqa: E402
+
 EMBEDDERS = {
     "fake": "retrieval.embedders.FakeEmbedder",
     "real": "retrieval.embedders.SentenceTransformerEmbedder",
@@ -163,31 +165,19 @@ def main() -> None:
     args = parser.parse_args()
 
     data_dir = Path(tempfile.mkdtemp(prefix="ragtier-bench-fairness-"))
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "config.settings.base",
-        "RAGTIER_DATA_DIR": str(data_dir),
-        "EMBEDDER_BACKEND": EMBEDDERS[args.embedder],
-        "CELERY_TASK_ALWAYS_EAGER": "false",
-        "HF_HUB_OFFLINE": "1",
-        "LOG_LEVEL": "WARNING",
-    }
-    for name in ("DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL"):
-        env.pop(name, None)
+    env = django_env(
+        data_dir,
+        EMBEDDER_BACKEND=EMBEDDERS[args.embedder],
+        CELERY_TASK_ALWAYS_EAGER="false",
+        HF_HUB_OFFLINE="1",
+        LOG_LEVEL="WARNING",
+    )
     if args.broker:
         env["CELERY_BROKER_URL"] = args.broker
         import redis
 
         redis.Redis.from_url(args.broker, socket_connect_timeout=2).flushdb()
-    os.environ.clear()
-    os.environ.update(env)
-
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", verbosity=0)
+    start_django(env, migrate=True)
     log = data_dir / "worker.log"
     outcomes = [
         run(

@@ -41,7 +41,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:  # run as ``python bench/prefix_reuse.py``
     sys.path.insert(0, str(REPO_ROOT))
 
-from bench.answer_latency import (  # noqa: E402
+from bench.harness import (  # noqa: E402
     CONTEXT_WINDOW,
     Services,
     free_port,

@@ -19,7 +19,7 @@ What is measured
     average. Nothing is asserted.
 
 How
-    bench/answer_latency.py's helpers: a fresh temp data dir (``DATABASE_URL`` and
+    bench.harness: a fresh temp data dir (``DATABASE_URL`` and
     ``REDIS_URL`` dropped), migrate, team ``bench``, an API key, the demo corpus ingested,
     subprocesses on free loopback ports, all stopped at the end.
 
@@ -45,7 +45,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:  # run as ``python bench/response_cache.py``
     sys.path.insert(0, str(REPO_ROOT))
 
-from bench.answer_latency import (  # noqa: E402
+from bench.harness import (  # noqa: E402
     CONTEXT_WINDOW,
     FAKE_UPSTREAM_CODE,
     Services,

@@ -45,7 +45,6 @@ import statistics
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,13 +57,13 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:  # run as ``python bench/retrieval_latency.py``
     sys.path.insert(0, str(REPO_ROOT))
 
-DIMENSION = 384
+from bench.harness import (  # noqa: E402
+    Fixture,
+    create_fixture,
+    setup_django,
+)
+
 TOP_K = 10
-CHUNK_TEXT = (
-    "Benchmark chunk {i}. Retrieval augmented generation answers a question from passages "
-    "found by vector search; this row stands in for a real chunk of about two hundred word "
-    "pieces so that fetching it from the database costs what fetching a real one costs. "
-) * 3
 
 _SUBJECTS = [
     "insulin resistance",
@@ -98,94 +97,6 @@ def query_texts(count: int, seed: int) -> list[str]:
         s, t = rng.sample(_SUBJECTS, 2)
         texts.append(f"{rng.choice(_ASKS).format(s=s, t=t)} (#{number})")
     return texts
-
-
-def setup_django(data_dir: Path, database_url: str | None) -> None:
-    """Configure and start Django on a fresh data folder; must run before any app import."""
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.base")
-    os.environ["RAGTIER_DATA_DIR"] = str(data_dir)
-    if database_url:
-        os.environ["DATABASE_URL"] = database_url
-    else:  # never write benchmark rows into a database named by the environment
-        os.environ.pop("DATABASE_URL", None)
-    os.environ.setdefault("LOG_LEVEL", "WARNING")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    # The exact kind unless told otherwise, so that runs compare with earlier ones (the
-    # product's default, auto, builds HNSW from 50k vectors).
-    os.environ.setdefault("VECTOR_INDEX_KIND", "flat")
-
-    import django
-    from django.core.management import call_command
-
-    django.setup()
-    call_command("migrate", verbosity=0)
-
-
-@dataclass
-class Fixture:
-    size: int
-    team: Any
-    collection: Any
-    insert_seconds: float
-    rebuild_seconds: float
-
-
-def create_fixture(size: int, *, batch_size: int, seed: int) -> Fixture:
-    from django.db import transaction
-
-    from apps.accounts.services import team_create
-    from apps.knowledge.models import Chunk, Document
-    from apps.knowledge.services import collection_create, collection_index_rebuild
-
-    tag = uuid.uuid4().hex[:8]
-    team = team_create(name=f"bench-{size}-{tag}")
-    collection = collection_create(team=team, name=f"bench-{size}")
-    document = Document.objects.create(
-        team=team,
-        collection=collection,
-        title=f"Benchmark document ({size} chunks)",
-        filename="bench.txt",
-        media_type="text/plain",
-        source="bench/bench.txt",
-        size_bytes=0,
-        content_hash=uuid.uuid4().hex,
-        status=Document.Status.INDEXED,
-        stage=Document.Stage.DONE,
-        progress=100,
-        chunk_count=size,
-    )
-
-    rng = np.random.default_rng(seed)
-    started = time.perf_counter()
-    for start in range(0, size, batch_size):
-        stop = min(start + batch_size, size)
-        vectors = random_unit_vectors(rng, stop - start)
-        rows = [
-            Chunk(
-                document=document,
-                collection=collection,
-                index=i,
-                text=CHUNK_TEXT.format(i=i),
-                headings=[],
-                token_count=200,
-                embedding=vectors[i - start].tobytes(),
-            )
-            for i in range(start, stop)
-        ]
-        with transaction.atomic():
-            Chunk.objects.bulk_create(rows, batch_size=batch_size)
-    insert_seconds = time.perf_counter() - started
-
-    started = time.perf_counter()
-    collection = collection_index_rebuild(collection_id=collection.pk)
-    rebuild_seconds = time.perf_counter() - started
-    return Fixture(size, team, collection, insert_seconds, rebuild_seconds)
-
-
-def random_unit_vectors(rng: np.random.Generator, count: int) -> npt.NDArray[np.float32]:
-    vectors = rng.standard_normal((count, DIMENSION), dtype=np.float32)
-    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
-    return vectors
 
 
 @dataclass
@@ -352,7 +263,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     data_dir = Path(tempfile.mkdtemp(prefix="ragtier-bench-latency-"))
     try:
-        setup_django(data_dir, args.database_url)
+        # The exact index kind unless told otherwise, so that runs compare with earlier ones
+        # (the product's default, auto, builds HNSW from 50k vectors).
+        kind = os.environ.get("VECTOR_INDEX_KIND", "flat")
+        database = {"DATABASE_URL": args.database_url} if args.database_url else {}
+        setup_django(data_dir, migrate=True, VECTOR_INDEX_KIND=kind, **database)
         import faiss
         from django.conf import settings
         from django.db import connection

@@ -57,7 +57,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:  # run as ``python bench/routing.py``
     sys.path.insert(0, str(REPO_ROOT))
 
-from bench.answer_latency import (  # noqa: E402
+from bench.harness import (  # noqa: E402
     free_port,
     load_average,
     median,
@@ -240,6 +240,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     os.environ.setdefault("LOG_LEVEL", "ERROR")  # each fallback logs a warning
+    os.environ["REQUEST_RATE_PER_SECOND"] = "0"  # its rounds are one team's, back to back
     setup_django(Path(tempfile.mkdtemp(prefix="bench-routing-")))
     from django.conf import settings
 

@@ -12,18 +12,15 @@ from inference.breaker import (
     LocalBreakerStore,
     RedisBreakerStore,
 )
-from inference.client import (
+from inference.chat import (
     ChatRequest,
     Event,
     Finished,
-    Interrupt,
-    OpenAIClient,
     ReasoningDelta,
-    Retry,
     TextDelta,
-    Timeouts,
     UpstreamUsage,
 )
+from inference.client import OpenAIClient, Retry, Timeouts
 from inference.errors import (
     ContextLengthExceeded,
     InferenceError,
@@ -56,7 +53,8 @@ from inference.registry import (
     registry_parse,
     rendezvous_order,
 )
-from inference.scheduler import FairQueue, Lease, LocalScheduler, RedisScheduler, Scheduler
+from inference.scheduling import FairQueue, Lease, LocalScheduler, RedisScheduler, Scheduler
+from inference.stream import Interrupt
 from inference.tokenizers import (
     ChatMessage,
     FakeTokenizer,

@@ -18,13 +18,15 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 
 from inference.breaker import CircuitBreaker
-from inference.client import ChatRequest, Event, Interrupt, OpenAIClient, Retry
+from inference.chat import ChatRequest, Event
+from inference.client import OpenAIClient, Retry
 from inference.errors import (
     InferenceError,
     InferenceTimeout,
     InferenceUnavailable,
     UpstreamRateLimited,
 )
+from inference.stream import Interrupt
 
 logger = logging.getLogger(__name__)
 
@@ -104,7 +106,7 @@ class Failover:
         """Events from :attr:`current` (taken by :meth:`first`), moving on to the next
         allowed target after a failure before the first event; ``switch`` is awaited
         before each move (to hold a slot at the new upstream). ``interrupt`` stops a wait
-        for the tier from outside (:class:`~inference.client.Interrupt`)."""
+        for the tier from outside (:class:`~inference.stream.Interrupt`)."""
         index = self._index
         while True:
             target = self.current = self.targets[index]

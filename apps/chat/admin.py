@@ -11,8 +11,8 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path
 
 from apps.accounts.models import Team
-from apps.chat.services.models import model_registry_status
 from apps.chat.services.teams import PurgeReport, team_purge
+from apps.chat.services.tier import model_registry_status
 from apps.core.audit import Actor
 from apps.knowledge.admin import ChunksGoWithTheirOwner
 from apps.usage.admin import TeamUsageAdmin, UsageRecordAdmin

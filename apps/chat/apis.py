@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from typing import Any
 
 from django.conf import settings
@@ -11,7 +12,6 @@ from drf_spectacular.utils import (
     OpenApiParameter,
     OpenApiResponse,
     extend_schema,
-    extend_schema_field,
 )
 from rest_framework import serializers, status
 from rest_framework.renderers import JSONRenderer
@@ -22,7 +22,12 @@ from rest_framework.views import APIView
 from apps.accounts.permissions import get_caller, role_require_own_or_manager
 from apps.accounts.selectors import Caller
 from apps.chat import selectors, services
-from apps.chat.models import Conversation, Message
+from apps.chat.serializers import (
+    AnswerOutput,
+    ConversationDetailOutput,
+    ConversationOutput,
+    MessageOutput,
+)
 from apps.chat.sse import (
     EventStreamRenderer,
     event_stream_response,
@@ -39,87 +44,16 @@ from apps.core.idempotency import (
 )
 from apps.core.models import IdempotencyKey
 from apps.core.pagination import Pagination
-from apps.core.schema import IDEMPOTENCY_RESPONSES, event_stream, idempotency_key_parameter
+from apps.core.schema import (
+    ANSWER_RESPONSES,
+    IDEMPOTENCY_RESPONSES,
+    event_stream,
+    idempotency_key_parameter,
+)
 from apps.core.validation import MAX_ID, message_length_check, validated
 from apps.knowledge.apis import SearchFiltersInput, search_mode_field
 
 ANSWER_EVENTS = ["message", "retrieval", "delta", "reasoning", "usage", "error", "done"]
-
-
-class UsageOutput(serializers.Serializer[Any]):
-    """An answer's usage block (the ``usage`` event's data): ``prompt_tokens`` includes
-    ``cached_tokens``, ``completion_tokens`` includes ``reasoning_tokens``."""
-
-    prompt_tokens = serializers.IntegerField()
-    cached_tokens = serializers.IntegerField(
-        help_text="prompt tokens served from the tier's prefix cache of this team's own "
-        "earlier prompts (vLLM, salted per team); 0 from any other server"
-    )
-    completion_tokens = serializers.IntegerField()
-    reasoning_tokens = serializers.IntegerField()
-    total_tokens = serializers.IntegerField()
-    ttft_ms = serializers.IntegerField(allow_null=True)
-    duration_ms = serializers.IntegerField(allow_null=True)
-    tokens_per_second = serializers.FloatField(allow_null=True)
-    queue_ms = serializers.IntegerField()
-    model = serializers.CharField(allow_blank=True, help_text="the alias that served")
-    source = serializers.CharField(allow_blank=True, help_text="upstream or counted")
-    cache_hit = serializers.BooleanField(
-        help_text="answered by the response cache: the tier was not called and no "
-        "generation token was charged (all token counts 0; ttft_ms is the replay's)"
-    )
-
-
-class MessageOutput(serializers.ModelSerializer[Message]):
-    usage = serializers.SerializerMethodField()
-
-    class Meta:
-        model = Message
-        fields = [
-            "id",
-            "role",
-            "content",
-            "citations",
-            "status",
-            "finish_reason",
-            "model",
-            "usage",
-            "created_at",
-        ]
-
-    @extend_schema_field(UsageOutput(allow_null=True))
-    def get_usage(self, message: Message) -> dict[str, Any] | None:
-        if message.role != Message.Role.ASSISTANT:
-            return None
-        return {
-            "prompt_tokens": message.prompt_tokens,
-            "cached_tokens": message.cached_tokens,
-            "completion_tokens": message.completion_tokens,
-            "reasoning_tokens": message.reasoning_tokens,
-            "total_tokens": message.prompt_tokens + message.completion_tokens,
-            "ttft_ms": message.ttft_ms,
-            "duration_ms": message.duration_ms,
-            "tokens_per_second": message.tokens_per_second,
-            "queue_ms": message.queue_ms,
-            "model": message.model,
-            "source": message.usage_source,
-            "cache_hit": message.cache_hit,
-        }
-
-
-class ConversationOutput(serializers.ModelSerializer[Conversation]):
-    collections = serializers.JSONField(source="collection_ids")
-
-    class Meta:
-        model = Conversation
-        fields = ["id", "title", "collections", "created_at", "updated_at"]
-
-
-class ConversationDetailOutput(ConversationOutput):
-    messages = MessageOutput(many=True)
-
-    class Meta(ConversationOutput.Meta):
-        fields = [*ConversationOutput.Meta.fields, "messages"]
 
 
 class ConversationListCreateApi(APIView):
@@ -196,14 +130,6 @@ class ConversationDetailApi(APIView):
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
-class AnswerOutput(serializers.Serializer[services.CollectedAnswer]):
-    id = serializers.IntegerField(source="message_id")
-    content = serializers.CharField()
-    citations = serializers.JSONField()
-    usage = UsageOutput(allow_null=True)
-    finish_reason = serializers.CharField()
-
-
 class ConversationMessageCreateApi(AsyncApiView):
     required_scopes = {"POST": "chat"}
     renderer_classes = [JSONRenderer, EventStreamRenderer]
@@ -237,6 +163,26 @@ class ConversationMessageCreateApi(AsyncApiView):
             message_length_check(content, param="content")
             return content
 
+        @staticmethod
+        def to_request(
+            data: dict[str, Any], *, caller: Caller, model: services.ModelChoice, conversation: int
+        ) -> services.AnswerRequest:
+            """The answer ``data`` (validated) asks for in ``conversation``."""
+            return services.AnswerRequest(
+                caller=caller,
+                model=model,
+                content=data["content"],
+                conversation=conversation,
+                rag=data["top_k"] > 0,
+                collection_ids=_ids(data.get("collections")),
+                top_k=data["top_k"],
+                search_mode=data["mode"],
+                search_filters=data.get("filters"),
+                max_tokens=data.get("max_tokens"),
+                want_reasoning=data["reasoning"],
+                cache=data["cache"],
+            )
+
     @extend_schema(
         request=InputSerializer,
         parameters=[idempotency_key_parameter()],
@@ -251,19 +197,7 @@ class ConversationMessageCreateApi(AsyncApiView):
                 description="context_length_exceeded, max_tokens_too_large (the model's or "
                 "the caller's limit), request_exceeds_burst_capacity"
             ),
-            429: OpenApiResponse(
-                description="key_tokens_per_minute, team_tokens_per_minute, "
-                "team_quota_exceeded, key_quota_exceeded, too_many_concurrent_streams; "
-                "Retry-After and x-ratelimit-{limit,remaining,reset}-tokens "
-                "(-streams for concurrency); nothing embedded or generated"
-            ),
-            502: OpenApiResponse(description="inference_unavailable: the tier failed"),
-            503: OpenApiResponse(
-                description="queue_full (no slot at the inference tier within "
-                "INFERENCE_QUEUE_TIMEOUT; nothing billed) or rate_limiter_unavailable (Redis "
-                "down, failing closed), with Retry-After"
-            ),
-            504: OpenApiResponse(description="inference_timeout: no token in time"),
+            **ANSWER_RESPONSES,
         },
     )
     async def post(self, request: Request, conversation_id: int) -> HttpResponseBase:
@@ -283,20 +217,10 @@ class ConversationMessageCreateApi(AsyncApiView):
             return await message_replay(caller=caller, claim=claim, stream=stream)
         try:
             model = await services.model_choose(alias=data.get("model"))
-            prepared = await db_call(services.answer_prepare)(
-                caller=caller,
-                conversation=conversation_id,
-                content=data["content"],
-                model=model,
-                collection_ids=data.get("collections"),
-                max_tokens=data.get("max_tokens"),
-                top_k=data["top_k"],
-                rag=data["top_k"] > 0,
-                search_mode=data["mode"],
-                search_filters=data.get("filters"),
-                want_reasoning=data["reasoning"],
-                cache=data["cache"],
+            asked = self.InputSerializer.to_request(
+                data, caller=caller, model=model, conversation=conversation_id
             )
+            prepared = await db_call(services.answer_prepare)(request=asked)
             return await answer_respond(prepared, wire=NativeWire(), stream=stream, claim=claim)
         except BaseException:
             if claim is not None:  # nothing to replay: a retry runs afresh
@@ -313,7 +237,8 @@ async def message_replay(
     message = await db_call(selectors.message_get)(team=caller.team, message_id=claim.resource_id)
     response: HttpResponseBase
     if stream:
-        response = await _replay_frames(caller=caller, message_id=message.pk, after=0)
+        events = await services.replay_open(team=caller.team, message_id=message.pk, after=0)
+        response = _event_stream(events)
     else:
         body = {
             "id": message.pk,
@@ -375,14 +300,12 @@ class MessageEventsApi(AsyncApiView):
         )
         caller = get_caller(request)
         message = await db_call(selectors.message_get)(team=caller.team, message_id=message_id)
-        return await _replay_frames(caller=caller, message_id=message.pk, after=after)
+        events = await services.replay_open(team=caller.team, message_id=message.pk, after=after)
+        return _event_stream(events)
 
 
-async def _replay_frames(*, caller: Caller, message_id: int, after: int) -> HttpResponseBase:
-    """A replay's response: a slot under the team's cap (or 429, before any byte), then
-    the message's events, with keep-alive pings, until ``done``."""
-    slot = await db_call(services.replay_slot_take)(team=caller.team)
-    events = services.replay_follow(slot=slot, message_id=message_id, after=after)
+def _event_stream(events: AsyncIterator[services.StoredEvent]) -> HttpResponseBase:
+    """Stored events as they were first sent, with keep-alive pings, until ``done``."""
     frames = (frame_stored(seq, name, data) async for seq, name, data in events)
     return event_stream_response(with_pings(frames))
 
@@ -409,7 +332,7 @@ class TokenizeApi(APIView):
         )
         model = serializers.CharField(required=False, max_length=64)
 
-    class OutputSerializer(serializers.Serializer[dict[str, Any]]):
+    class OutputSerializer(serializers.Serializer[Any]):
         model = serializers.CharField()
         tokens = serializers.IntegerField()
 
@@ -426,3 +349,7 @@ class TokenizeApi(APIView):
         data = validated(self.InputSerializer, request)
         count = services.text_count(alias=data.get("model"), text=data["text"])
         return Response(self.OutputSerializer(count).data)
+
+
+def _ids(ids: list[int] | None) -> tuple[int, ...] | None:
+    return None if ids is None else tuple(ids)

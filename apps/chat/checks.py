@@ -8,7 +8,7 @@ from typing import Any
 from django.core.checks import CheckMessage, Error, register
 from django.core.exceptions import ImproperlyConfigured
 
-from apps.chat.services.models import model_registry
+from apps.chat.services.registry import model_registry
 
 
 @register("inference")

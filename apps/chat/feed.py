@@ -1,7 +1,7 @@
 """Wake-ups for readers of an answer's stored events: a replay following a running answer
 now, a client resuming a detached one next.
 
-The event store announces every write (:mod:`apps.chat.events`): with Redis, a
+The event store announces every write (:mod:`apps.chat.event_store`): with Redis, a
 ``PUBLISH`` of the message ids on :func:`feed_channel`, in the pipeline that stores the
 events; on the database, a call to :meth:`EventFeed.wake` in the writing process. A reader
 opens a :class:`Watch` on its message *before* its first read (so no write between that

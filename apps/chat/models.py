@@ -87,8 +87,8 @@ class Message(models.Model):
 class MessageEvent(models.Model):
     """The SSE events of an answer, kept for replay and resume (``Last-Event-ID``);
     ``data`` (answer text among it) is encrypted at rest. A row holds one event, or (event
-    ``batch``, see :mod:`apps.chat.events`) the events of one journal flush, ``seq`` being
-    the last one's."""
+    ``batch``, see :mod:`apps.chat.event_store`) the events of one journal flush, ``seq``
+    being the last one's."""
 
     message = models.ForeignKey(Message, on_delete=models.CASCADE, related_name="events")
     seq = models.PositiveIntegerField()

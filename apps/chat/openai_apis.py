@@ -21,12 +21,13 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from apps.accounts.permissions import get_caller
+from apps.accounts.selectors import Caller
 from apps.chat import services
 from apps.chat.sse import EventStreamRenderer
 from apps.chat.wire import OpenAIWire, answer_respond
 from apps.core.aio import AsyncApiView, db_call
 from apps.core.exceptions import InvalidRequest
-from apps.core.schema import event_stream
+from apps.core.schema import ANSWER_RESPONSES, event_stream
 from apps.core.validation import MAX_ID, chat_messages_check, validated
 from apps.knowledge.apis import SearchFiltersInput, search_mode_field
 from apps.knowledge.services import DEFAULT_SEARCH_MODE
@@ -39,7 +40,8 @@ class MessageListInput(serializers.ListSerializer[dict[str, Any]]):
 
     def to_internal_value(self, data: Any) -> list[dict[str, Any]]:
         chat_messages_check(data, param=self.field_name or "messages")
-        return super().to_internal_value(data)
+        messages: list[dict[str, Any]] = super().to_internal_value(data)
+        return messages
 
 
 class MessageInput(serializers.Serializer[dict[str, Any]]):
@@ -90,6 +92,43 @@ class ChatCompletionsApi(AsyncApiView):
             "are answered from it when unchanged; usage then says cache_hit: true)",
         )
 
+        def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+            """The answer is to the last message: it must be the user's."""
+            if attrs["messages"][-1]["role"] != "user":
+                raise InvalidRequest("The last message must be the user's.", param="messages")
+            return attrs
+
+        @staticmethod
+        def to_request(
+            data: dict[str, Any], *, caller: Caller, model: services.ModelChoice
+        ) -> services.AnswerRequest:
+            """The answer ``data`` (validated) asks for: RAG on the last user message, the
+            earlier user and assistant turns as history, the system and developer
+            messages as instructions."""
+            messages: list[dict[str, str]] = data["messages"]
+            rag = data.get("rag") or {"enabled": True, "top_k": 5, "mode": DEFAULT_SEARCH_MODE}
+            collections = rag.get("collections")
+            return services.AnswerRequest(
+                caller=caller,
+                model=model,
+                content=messages[-1]["content"],
+                conversation=None,  # a new one, written with the messages if stored
+                history=tuple(
+                    _chat(m) for m in messages[:-1] if m["role"] in ("user", "assistant")
+                ),
+                instructions="\n\n".join(
+                    m["content"] for m in messages if m["role"] in ("system", "developer")
+                ),
+                rag=rag["enabled"] and rag["top_k"] > 0,
+                collection_ids=None if collections is None else tuple(collections),
+                top_k=rag["top_k"],
+                search_mode=rag["mode"],
+                search_filters=rag.get("filters"),
+                max_tokens=data.get("max_completion_tokens") or data.get("max_tokens"),
+                store=data.get("store", settings.OPENAI_STORE_DEFAULT),
+                cache=data["cache"],
+            )
+
     @extend_schema(
         request=InputSerializer,
         responses={
@@ -103,48 +142,16 @@ class ChatCompletionsApi(AsyncApiView):
                 description="context_length_exceeded, max_tokens_too_large, too_many_messages"
             ),
             404: OpenApiResponse(description="model_not_found: no such model alias"),
-            429: OpenApiResponse(
-                description="key_tokens_per_minute, team_tokens_per_minute, "
-                "team_quota_exceeded, key_quota_exceeded, too_many_concurrent_streams; "
-                "Retry-After and x-ratelimit-{limit,remaining,reset}-tokens"
-            ),
-            502: OpenApiResponse(description="inference_unavailable: the tier failed"),
-            503: OpenApiResponse(
-                description="queue_full (no slot at the inference tier in time; nothing "
-                "billed) or rate_limiter_unavailable, with Retry-After"
-            ),
-            504: OpenApiResponse(description="inference_timeout: no token in time"),
+            **ANSWER_RESPONSES,
         },
     )
     async def post(self, request: Request) -> HttpResponseBase:
         """OpenAI's Chat Completions, answered over the caller's collections."""
         data = validated(self.InputSerializer, request)
-        messages: list[dict[str, str]] = data["messages"]
-        if messages[-1]["role"] != "user":
-            raise InvalidRequest("The last message must be the user's.", param="messages")
-        rag = data.get("rag") or {"enabled": True, "top_k": 5, "mode": DEFAULT_SEARCH_MODE}
         caller = get_caller(request)
         model = await services.model_choose(alias=data["model"])
-        prepared = await db_call(
-            services.answer_prepare
-        )(
-            caller=caller,
-            conversation=None,  # a new one, written with the messages if stored
-            content=messages[-1]["content"],
-            model=model,
-            collection_ids=rag.get("collections"),
-            max_tokens=data.get("max_completion_tokens") or data.get("max_tokens"),
-            top_k=rag["top_k"],
-            rag=rag["enabled"] and rag["top_k"] > 0,
-            search_mode=rag["mode"],
-            search_filters=rag.get("filters"),
-            history=[_chat(m) for m in messages[:-1] if m["role"] in ("user", "assistant")],
-            instructions="\n\n".join(
-                m["content"] for m in messages if m["role"] in ("system", "developer")
-            ),
-            store=data.get("store", settings.OPENAI_STORE_DEFAULT),
-            cache=data["cache"],
-        )
+        asked = self.InputSerializer.to_request(data, caller=caller, model=model)
+        prepared = await db_call(services.answer_prepare)(request=asked)
         include_usage = (data.get("stream_options") or {}).get("include_usage", False)
         wire = OpenAIWire(include_usage=include_usage)
         return await answer_respond(prepared, wire=wire, stream=data["stream"])

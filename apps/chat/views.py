@@ -1,5 +1,5 @@
 """The browser's chat page: conversations, uploads and answers, all through the REST API
-(static/ragtier/chat.js, upload.js); this view only renders what the page offers."""
+(static/chat/chat.js, upload.js); this view only renders what the page offers."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from django.shortcuts import render
 from django.views.decorators.csrf import ensure_csrf_cookie
 
 from apps.accounts.selectors import caller_for
-from apps.chat.services.models import model_aliases
+from apps.chat.services.registry import model_aliases
 from apps.knowledge.selectors import collection_list
 from apps.knowledge.services import SEARCH_MODES
 from retrieval import MEDIA_TYPES

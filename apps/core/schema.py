@@ -195,3 +195,21 @@ IDEMPOTENCY_RESPONSES = {
         description="idempotency_key_reused: this Idempotency-Key came with another body"
     ),
 }
+
+ANSWER_RESPONSES = {
+    429: OpenApiResponse(
+        description="key_tokens_per_minute, team_tokens_per_minute, "
+        "team_quota_exceeded, key_quota_exceeded, too_many_concurrent_streams; "
+        "Retry-After and x-ratelimit-{limit,remaining,reset}-tokens "
+        "(-streams for concurrency); nothing embedded or generated"
+    ),
+    502: OpenApiResponse(description="inference_unavailable: the tier failed"),
+    503: OpenApiResponse(
+        description="queue_full (no slot at the inference tier within "
+        "INFERENCE_QUEUE_TIMEOUT; nothing billed) or rate_limiter_unavailable (Redis "
+        "down, failing closed), with Retry-After"
+    ),
+    504: OpenApiResponse(description="inference_timeout: no token in time"),
+}
+"""What an answer can meet past validation, on every surface that answers: the token
+budget (429), a full queue or the limiter down (503), the inference tier (502, 504)."""

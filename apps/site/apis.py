@@ -9,6 +9,7 @@ import logging
 import os
 from pathlib import Path
 
+from celery import current_app
 from django.conf import settings
 from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
@@ -16,10 +17,10 @@ from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
 import inference
-from apps.chat.services.models import inference_client, model_registry
+from apps.chat.services.registry import model_registry
+from apps.chat.services.tier import inference_client
 from apps.core.aio import db_call
-from apps.site.monitoring import monitoring_endpoint
-from apps.usage.metrics import metrics_exposition
+from apps.site.monitoring import metrics_exposition, monitoring_endpoint
 
 logger = logging.getLogger(__name__)
 
@@ -92,10 +93,9 @@ def _check_index_dir() -> str:
 
 
 def _check_broker() -> str:
-    from config.celery import app
-
+    # The configured app: importing the ``config`` package (the settings) made it current.
     try:
-        with app.connection_for_write() as conn:
+        with current_app.connection_for_write() as conn:
             conn.ensure_connection(max_retries=1, timeout=2)
     except Exception as exc:
         logger.warning("readiness: broker: %s", exc)

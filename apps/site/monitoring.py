@@ -1,21 +1,39 @@
-"""Access to the monitoring endpoints (``/metrics``, ``/readyz``): they tell an outsider
-how busy the service is and which dependency is down, so production keeps them closed to
-all but a bearer of ``METRICS_TOKEN`` or a client in ``METRICS_ALLOWED_NETWORKS``
-(settings in ``config.settings.monitoring``)."""
+"""The monitoring endpoints (``/metrics``, ``/readyz``): who may read them, and what
+``/metrics`` shows.
+
+They tell an outsider how busy the service is and which dependency is down, so production
+keeps them closed to all but a bearer of ``METRICS_TOKEN`` or a client in
+``METRICS_ALLOWED_NETWORKS`` (settings in ``config.settings.monitoring``). The metrics
+themselves are defined where they are counted (:mod:`apps.usage.metrics`); the collectors
+that read state at scrape time live here, above every app they read."""
 
 from __future__ import annotations
 
 import functools
 import hmac
 import ipaddress
-from collections.abc import Awaitable, Callable
+import logging
+import os
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar, cast
 
 from asgiref.sync import iscoroutinefunction
 from django.conf import settings
+from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponseBase, JsonResponse
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    REGISTRY,
+    CollectorRegistry,
+    generate_latest,
+    multiprocess,
+)
+from prometheus_client.core import GaugeMetricFamily, Metric
 
 from apps.core.exceptions import ApplicationError, PermissionDenied, error_body
+from apps.usage.selectors import reservations_open
+
+logger = logging.getLogger(__name__)
 
 View = TypeVar("View", bound=Callable[..., Any])
 
@@ -101,3 +119,39 @@ def monitoring_endpoint(view: View) -> View:
         return view(request, *args, **kwargs)
 
     return cast(View, guarded)
+
+
+class ReservationsCollector:
+    """Open reservations and the tokens they hold, read from the database at scrape time:
+    exact whichever process reserved, settled or expired them."""
+
+    def collect(self) -> Iterator[Metric]:
+        try:
+            held = reservations_open()
+        except DatabaseError as exc:  # a scrape still answers with every other metric
+            logger.warning("metrics: cannot read reservations: %s", exc)
+            return
+
+        count = GaugeMetricFamily(
+            "ragtier_reservations_open", "Token reservations not yet settled.", labels=["kind"]
+        )
+        tokens = GaugeMetricFamily(
+            "ragtier_reserved_tokens", "Tokens held by open reservations.", labels=["kind"]
+        )
+        for kind, (number, reserved) in held.items():
+            count.add_metric([kind], number)
+            tokens.add_metric([kind], reserved)
+        yield count
+        yield tokens
+
+
+def metrics_exposition() -> tuple[bytes, str]:
+    """The text exposition of every process's metrics."""
+    registry = CollectorRegistry()
+    registry.register(ReservationsCollector())
+    own = generate_latest(registry)
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        aggregated = CollectorRegistry()
+        multiprocess.MultiProcessCollector(aggregated)  # type: ignore[no-untyped-call]
+        return generate_latest(aggregated) + own, CONTENT_TYPE_LATEST
+    return generate_latest(REGISTRY) + own, CONTENT_TYPE_LATEST

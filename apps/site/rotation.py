@@ -15,7 +15,7 @@ import redis
 from django.conf import settings
 from django.core.files.base import ContentFile
 
-from apps.chat.events import EVENT_BUFFER_PREFIX
+from apps.chat.event_store import EVENT_BUFFER_PREFIX
 from apps.core.crypto import InvalidToken, reencrypt
 from apps.core.rotation import Progress, encrypted_fields, rows_reencrypt
 from apps.knowledge.models import Document

@@ -18,7 +18,7 @@ import logging
 
 from django.conf import settings
 
-from apps.chat.services.models import model_registry
+from apps.chat.services.registry import model_registry
 from apps.knowledge.services.indexing import embedder
 
 logger = logging.getLogger(__name__)

@@ -2,29 +2,13 @@
 
 With ``PROMETHEUS_MULTIPROC_DIR`` set (``runstack`` and docker-compose set it), each
 process writes its samples to files there and ``/metrics`` aggregates them; without it,
-the process's own registry is served. Labels are bounded: model aliases and kinds, never
-teams, users or message ids.
+the process's own registry is served (:func:`apps.site.monitoring.metrics_exposition`).
+Labels are bounded: model aliases and kinds, never teams, users or message ids.
 """
 
 from __future__ import annotations
 
-import logging
-import os
-from collections.abc import Iterator
-
-from prometheus_client import (
-    CONTENT_TYPE_LATEST,
-    REGISTRY,
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    Histogram,
-    generate_latest,
-    multiprocess,
-)
-from prometheus_client.core import GaugeMetricFamily, Metric
-
-logger = logging.getLogger(__name__)
+from prometheus_client import Counter, Gauge, Histogram
 
 TTFT = Histogram(
     "ragtier_ttft_seconds",
@@ -93,43 +77,3 @@ QUEUE_FULL = Counter(
 RESPONSE_CACHE = Counter(
     "ragtier_response_cache", "Response cache lookups, by result (hit, miss).", ["result"]
 )
-
-
-class ReservationsCollector:
-    """Open reservations and the tokens they hold, read from the database at scrape time:
-    exact whichever process reserved, settled or expired them."""
-
-    def collect(self) -> Iterator[Metric]:
-        from django.db import DatabaseError
-
-        from apps.usage.selectors import reservations_open
-
-        try:
-            held = reservations_open()
-        except DatabaseError as exc:  # a scrape still answers with every other metric
-            logger.warning("metrics: cannot read reservations: %s", exc)
-            return
-
-        count = GaugeMetricFamily(
-            "ragtier_reservations_open", "Token reservations not yet settled.", labels=["kind"]
-        )
-        tokens = GaugeMetricFamily(
-            "ragtier_reserved_tokens", "Tokens held by open reservations.", labels=["kind"]
-        )
-        for kind, (number, reserved) in held.items():
-            count.add_metric([kind], number)
-            tokens.add_metric([kind], reserved)
-        yield count
-        yield tokens
-
-
-def metrics_exposition() -> tuple[bytes, str]:
-    """The text exposition of every process's metrics."""
-    registry = CollectorRegistry()
-    registry.register(ReservationsCollector())
-    own = generate_latest(registry)
-    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        aggregated = CollectorRegistry()
-        multiprocess.MultiProcessCollector(aggregated)  # type: ignore[no-untyped-call]
-        return generate_latest(aggregated) + own, CONTENT_TYPE_LATEST
-    return generate_latest(REGISTRY) + own, CONTENT_TYPE_LATEST

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import date, datetime, time, timedelta
 from decimal import Decimal
 from typing import Any
@@ -13,9 +14,16 @@ from django.utils import timezone
 
 from apps.accounts.models import ApiKey, Team
 from apps.accounts.selectors import KeyManager, api_key_list
-from apps.usage.budgets import limits_of, period_bounds, quota_used
-from apps.usage.limiters import LimiterUnavailable, QuotaKey, buckets_and_slots, limiter
+from apps.usage.limiters import (
+    LimiterUnavailable,
+    QuotaKey,
+    RedisLimiter,
+    buckets_and_slots,
+    limiter,
+)
+from apps.usage.limits import limits_of
 from apps.usage.models import Limit, QuotaCounter, Reservation, UsageRecord
+from apps.usage.periods import period_bounds
 from apps.usage.values import LimitValues
 
 GROUPS = {
@@ -82,7 +90,7 @@ def usage_keys_shown(*, manager: KeyManager, group_by: str) -> QuerySet[ApiKey] 
     return api_key_list(manager=manager)
 
 
-def _row(row: dict[str, Any]) -> dict[str, Any]:
+def _row(row: Mapping[str, Any]) -> dict[str, Any]:
     tokens = {name: int(row.get(name) or 0) for name in TOKEN_FIELDS}
     group = row.get("group")
     return {
@@ -94,6 +102,22 @@ def _row(row: dict[str, Any]) -> dict[str, Any]:
         "cost_usd": str((row.get("cost") or Decimal(0)).quantize(Decimal("1e-6"))),
         "energy_wh": round(float(row.get("energy") or 0.0), 4),
     }
+
+
+def quota_used(*, key: QuotaKey, now: datetime | None = None) -> int:
+    """What a quota counts against its limit: settled plus held, as the store that
+    enforces it sees it (Redis when configured and it has the quota, else the database).
+    Raises :class:`LimiterUnavailable` if Redis is configured but unreachable."""
+    now = now or timezone.now()
+    store = limiter()
+    if isinstance(store, RedisLimiter):
+        used = store.quota_used(key, now)
+        if used is not None:
+            return used
+    counter = QuotaCounter.objects.filter(
+        limit_id=key.limit_id, period=key.period, starts_on=key.starts_on
+    ).first()
+    return counter.used if counter is not None else 0
 
 
 def quota_report(

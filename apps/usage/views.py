@@ -1,5 +1,5 @@
 """The team's usage page: the chart is drawn here, the quota and totals come from the
-REST API (static/ragtier/usage.js)."""
+REST API (static/usage/usage.js)."""
 
 from __future__ import annotations
 

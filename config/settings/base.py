@@ -93,10 +93,9 @@ else:
     DATABASES["default"].setdefault("CONN_HEALTH_CHECKS", True)
 # Connections are kept: a request's sync code runs on a pooled thread (LentThreads in
 # apps.core.asgi, DATABASE_THREADS of them kept), so that is one connection per pooled
-# thread, not one per request. Opening one per request cost a simple sync endpoint a third
-# of its throughput on SQLite (4 clients listing conversations: 277-315 -> 460 requests/s)
-# and, on PostgreSQL, the answer after it 1.3 ms of its time to first token. One checked
-# at a request's end is checked again at its next use (CONN_HEALTH_CHECKS).
+# thread, not one per request: opening one per request cost a sync endpoint much of its
+# throughput and an answer part of its time to first token (see docs/gateway.md). One
+# checked at a request's end is checked again at its next use (CONN_HEALTH_CHECKS).
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # Async views (the answer streams) run their database work on one shared pool of this
 # many threads: each keeps one connection, so this bounds a web process's connections

@@ -6,40 +6,11 @@ started by ``make run``) serving SmolLM2-135M-Instruct from the GGUF inside the
 OpenAI-compatible server) and the tokenizer at the served model's tokenizer folder, or
 describe every alias in the model registry.
 
-The model registry, ``INFERENCE_MODELS``: a JSON object, alias → fields. When set it
-replaces INFERENCE_BASE_URL, INFERENCE_API_KEY, TOKENIZER_*, MODEL_* and the prices of
-its aliases; unset, those settings become a registry of one entry per alias (so the
-embedded default works unchanged)::
-
-    INFERENCE_MODELS='{
-      "small": {"upstreams": ["http://vllm-a:8000/v1", "http://vllm-b:8000/v1"],
-                "model": "Qwen/Qwen3-1.7B", "tokenizer": "hf:/models/qwen3-1.7b",
-                "max_concurrency": 64, "fallback": "large",
-                "price": {"input": 0.05, "cached_input": 0.01, "output": 0.2},
-                "energy": 0.05},
-      "large": {"upstreams": ["http://vllm-c:8000/v1"], "model": "Qwen/Qwen3-32B",
-                "tokenizer": "remote", "context_window": 32768, "max_output_tokens": 4096,
-                "api_key": "…"}
-    }'
-
-Fields: ``upstreams`` (base URLs; a conversation sticks to one by rendezvous hashing on
-its id), ``model`` (the served name), ``context_window`` (absent: read from the tier's
-/v1/models), ``max_concurrency`` (per upstream; absent: INFERENCE_MAX_CONCURRENCY),
-``max_output_tokens``, ``tokenizer`` (``gguf``, ``gguf:<path>``, ``hf:<folder>``,
-``tiktoken:cl100k_base`` / ``tiktoken:o200k_base`` from DATA_DIR/tiktoken/ or a package,
-``remote`` for the tier's /tokenize, ``fake``; see inference/registry.py), ``fallback``
-(an alias tried once every upstream failed before the first token, or null),
-``api_key``, ``price`` (USD per million tokens), ``energy`` (Wh per 1000 tokens),
-``reasoning_opened``, ``server`` (what the upstreams run: ``vllm``, whose requests carry
-each team's ``cache_salt``, ``llama.cpp``, ``ollama``, ``tgi``, ``triton``, or ``other``,
-the default; only ``vllm``'s ``cached_tokens`` are reported, see the README). ``auto``
-routes between ``small`` and ``large`` on the prompt's size
-(ROUTER_SMALL_MAX_PROMPT_TOKENS). A circuit breaker per upstream opens after
-INFERENCE_BREAKER_FAILURES consecutive failures and lets one probe through every
-INFERENCE_BREAKER_COOL_OFF seconds; its state is in Redis when REDIS_URL is set, and a
-clean (closed) circuit read there is trusted for INFERENCE_BREAKER_FRESH_SECONDS without
-reading it again: one Redis round trip fewer before the first token and after it, for a
-circuit that another process opens being seen here that much later.
+The model registry, ``INFERENCE_MODELS`` (JSON, alias → upstreams, model, tokenizer,
+limits, price), is documented once, in the README's "Models" section. When set it replaces
+INFERENCE_BASE_URL, INFERENCE_API_KEY, TOKENIZER_*, MODEL_* and the prices of its aliases;
+unset, those settings become a registry of one entry per alias, so the embedded default
+works unchanged.
 """
 
 from config.env import env
@@ -119,6 +90,8 @@ DEFAULT_MODEL_ALIAS = "small"
 INFERENCE_MODELS: dict[str, object] = env.json("INFERENCE_MODELS", default={})
 # `auto` answers with `small` up to this many prompt tokens (passages included), else `large`.
 ROUTER_SMALL_MAX_PROMPT_TOKENS = env.int("ROUTER_SMALL_MAX_PROMPT_TOKENS", default=1500)
+# A circuit breaker per upstream (README, "Models"); a closed circuit read from Redis is
+# trusted for FRESH_SECONDS, so an answer makes no breaker round trip around its first token.
 INFERENCE_BREAKER_FAILURES = env.int("INFERENCE_BREAKER_FAILURES", default=3)
 INFERENCE_BREAKER_COOL_OFF = env.float("INFERENCE_BREAKER_COOL_OFF", default=30.0)
 INFERENCE_BREAKER_FRESH_SECONDS = env.float("INFERENCE_BREAKER_FRESH_SECONDS", default=1.0)

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from inference.client import (
+from inference import (
     ChatRequest,
     Finished,
     OpenAIClient,
@@ -374,7 +374,7 @@ async def test_text_before_an_error_line_in_the_same_read_still_goes_out() -> No
 async def test_an_interrupt_ends_the_wait_for_a_stalled_tier_at_once() -> None:
     """A stop asked while the tier prefills (no token yet) ends the wait then: not at the
     first-token timeout, and not as a failure of the tier (nothing to retry)."""
-    from inference.client import Interrupt
+    from inference import Interrupt
     from inference.errors import Interrupted
 
     calls: list[int] = []

@@ -12,8 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from inference.client import (
-    OLLAMA_DEFAULT_NUM_CTX,
+from inference import (
     ChatRequest,
     Finished,
     OpenAIClient,
@@ -21,6 +20,9 @@ from inference.client import (
     Retry,
     TextDelta,
     UpstreamUsage,
+)
+from inference.dialects import (
+    OLLAMA_DEFAULT_NUM_CTX,
     ollama_context_window,
     upstream_error,
     usage_from,
@@ -152,20 +154,20 @@ def test_ollama_window_is_num_ctx_and_a_truncating_num_ctx_is_warned(
     import json
 
     show = json.loads((WIRE / "ollama-0.33/show_num_ctx.json").read_text())
-    with caplog.at_level(logging.WARNING, logger="inference.client"):
+    with caplog.at_level(logging.WARNING, logger="inference.dialects"):
         assert ollama_context_window(show, model="llama3.2:3b") == 8192
     assert "num_ctx 8192" in caplog.text and "131072" in caplog.text
     assert "silently truncates" in caplog.text
 
     caplog.clear()
     default = json.loads((WIRE / "ollama-0.33/show_default.json").read_text())
-    with caplog.at_level(logging.WARNING, logger="inference.client"):
+    with caplog.at_level(logging.WARNING, logger="inference.dialects"):
         assert ollama_context_window(default) == OLLAMA_DEFAULT_NUM_CTX
     assert "the server's default" in caplog.text
 
     caplog.clear()
     small = {**show, "model_info": {"general.architecture": "llama", "llama.context_length": 2048}}
-    with caplog.at_level(logging.WARNING, logger="inference.client"):
+    with caplog.at_level(logging.WARNING, logger="inference.dialects"):
         assert ollama_context_window(small) == 2048  # never more than the model knows
     assert caplog.text == ""
 

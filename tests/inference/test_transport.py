@@ -9,7 +9,7 @@ import ssl
 import httpx
 import pytest
 
-from inference.client import ChatRequest, OpenAIClient, Retry, TextDelta, Timeouts
+from inference import ChatRequest, OpenAIClient, Retry, TextDelta, Timeouts
 from inference.errors import InferenceTimeout, InferenceUnavailable
 from inference.transport import READ_ON_DEMAND, AiohttpTransport
 from tests.fake_upstream import Script, fake_upstream

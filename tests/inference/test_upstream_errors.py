@@ -11,7 +11,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from inference.client import ChatRequest, OpenAIClient, Retry, upstream_error
+from inference import ChatRequest, OpenAIClient, Retry
+from inference.dialects import upstream_error
 from inference.errors import (
     ContextLengthExceeded,
     InferenceError,

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from inference.client import UpstreamUsage, usage_from
+from inference import UpstreamUsage
+from inference.dialects import usage_from
 
 WIRE = Path(__file__).resolve().parents[1] / "fixtures" / "wire"
 

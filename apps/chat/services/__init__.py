@@ -1,10 +1,12 @@
 """Writes for the chat app, one module per concern, re-exported here.
 
-An answer is prepared (:mod:`.prepare`: admission, retrieval, the prompt), run
-(:mod:`.run`: a slot at the tier, the stream of typed events from :mod:`.types`, its
-events journalled for replay by :mod:`.journal`), settled once (:mod:`.settle`: its
-messages, usage block and ledger row) and, for the non-streaming surfaces, collected
-(:mod:`.collect`). A replay follows an answer's stored events (:mod:`.replay`).
+An answer is asked for (:mod:`.request`: one typed value, built by each surface),
+prepared (:mod:`.prepare`: admission, retrieval, the prompt), run (:mod:`.run`: a slot at
+the tier (:mod:`.tier`, the aliases of :mod:`.registry`), the stream of typed events from
+:mod:`.types` (:mod:`.generate`), its events journalled for replay by :mod:`.journal`),
+settled once (:mod:`.settle`: its messages, usage block and ledger row) and, for the
+non-streaming surfaces, collected (:mod:`.collect`). A replay follows an answer's stored
+events (:mod:`.replay`).
 """
 
 from apps.chat.services.collect import CollectedAnswer, answer_collect
@@ -13,31 +15,34 @@ from apps.chat.services.conversations import (
     conversation_delete,
     message_cancel,
 )
-from apps.chat.services.models import (
+from apps.chat.services.generate import answer_events
+from apps.chat.services.prepare import PreparedAnswer, answer_prepare
+from apps.chat.services.registry import (
     ModelChoice,
     ModelSpec,
-    inference_client,
     model_alias_resolve,
     model_aliases,
-    model_choose,
     model_registry,
-    model_resolve,
     text_count,
     tokenizer,
 )
-from apps.chat.services.prepare import PreparedAnswer, answer_prepare
 from apps.chat.services.replay import (
     ReplaySlot,
+    StoredEvent,
     message_events_follow,
     replay_follow,
+    replay_open,
     replay_slot_take,
 )
-from apps.chat.services.run import AnswerRun, answer_events, answer_start
+from apps.chat.services.request import AnswerRequest
+from apps.chat.services.run import AnswerRun, answer_start
 from apps.chat.services.teams import PurgeReport, team_purge
+from apps.chat.services.tier import inference_client, model_choose, model_resolve
 from apps.chat.services.types import AnswerEvent
 
 __all__ = [
     "AnswerEvent",
+    "AnswerRequest",
     "AnswerRun",
     "CollectedAnswer",
     "ModelChoice",
@@ -45,6 +50,7 @@ __all__ = [
     "PreparedAnswer",
     "PurgeReport",
     "ReplaySlot",
+    "StoredEvent",
     "answer_collect",
     "answer_events",
     "answer_prepare",
@@ -60,6 +66,7 @@ __all__ = [
     "model_registry",
     "model_resolve",
     "replay_follow",
+    "replay_open",
     "replay_slot_take",
     "team_purge",
     "text_count",

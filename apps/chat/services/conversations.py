@@ -8,7 +8,7 @@ from django.db import transaction
 from django.db.models import QuerySet
 
 from apps.accounts.selectors import Caller
-from apps.chat.events import event_buffers_delete
+from apps.chat.event_store import event_buffers_delete
 from apps.chat.models import Conversation, Message, MessageEvent
 from apps.chat.response_cache import response_cache_purge
 from apps.knowledge.selectors import collection_list_readable

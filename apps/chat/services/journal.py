@@ -1,8 +1,8 @@
 """An answer's event journal, kept for replay and resume (``Last-Event-ID``).
 
 :class:`Journal` numbers an answer's events as they go out; what it keeps is written to the
-event store (:mod:`apps.chat.events`) by the process's one :class:`JournalWriter`, every
-``FLUSH_EVERY_SECONDS``, for every answer at once; an answer that ends flushes its own
+event store (:mod:`apps.chat.event_store`) by the process's one :class:`JournalWriter`,
+every ``FLUSH_EVERY_SECONDS``, for every answer at once; an answer that ends flushes its own
 last events. The journal serves replay only: a store that fails never fails the answer.
 """
 
@@ -16,7 +16,7 @@ from typing import TypeVar
 from django.db import DatabaseError
 from redis.exceptions import RedisError
 
-from apps.chat.events import Events, event_store
+from apps.chat.event_store import Events, event_store
 from apps.chat.services.types import AnswerEvent
 from apps.core.aio import loop_cached
 

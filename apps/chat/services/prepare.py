@@ -1,18 +1,19 @@
 """Everything an answer needs before the tier is called, and that can refuse it.
 
-Validation of ``max_tokens``, the history read, prompt assembly counted with the
+One :class:`~.request.AnswerRequest` in, one :class:`PreparedAnswer` out, in steps: the
+history read, the candidates that allow ``max_tokens``, prompt assembly counted with the
 tokenizer of the model that will serve (``context_length_exceeded`` here, the model never
 called), admission (one reservation held against every token limit, 429 here),
-retrieval, and ``auto`` routing: the small model when the assembled prompt, passages
-included, is at most ``ROUTER_SMALL_MAX_PROMPT_TOKENS`` tokens, else the large one.
-Nothing is written but the reservation: the message rows are written while the tier
-prefills.
+retrieval, ``auto`` routing (the small model when the assembled prompt, passages
+included, is at most ``ROUTER_SMALL_MAX_PROMPT_TOKENS`` tokens, else the large one) and
+the response cache's key. Nothing is written but the reservation: the message rows are
+written while the tier prefills.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,17 +21,12 @@ from django.conf import settings
 
 from apps.accounts.selectors import Caller
 from apps.chat.models import Conversation
+from apps.chat.response_cache import response_cache_key
 from apps.chat.selectors import conversation_history
-from apps.chat.services.cache import response_cache_key
-from apps.chat.services.models import ModelChoice, ModelSpec, output_tokens_resolve
+from apps.chat.services.registry import ModelChoice, ModelSpec, output_tokens_resolve
+from apps.chat.services.request import AnswerRequest
 from apps.core.exceptions import InvalidRequest
-from apps.knowledge.services import (
-    DEFAULT_SEARCH_MODE,
-    SearchFilters,
-    SearchMode,
-    SearchResult,
-    chunk_search,
-)
+from apps.knowledge.services import SearchResult, chunk_search
 from apps.usage import metrics
 from apps.usage.budgets import (
     budget_extend,
@@ -39,7 +35,7 @@ from apps.usage.budgets import (
     limits_cache,
     max_tokens_cap,
 )
-from apps.usage.models import Reservation
+from apps.usage.models import Limit, Reservation
 from inference import (
     SYSTEM_PROMPT,
     ChatMessage,
@@ -91,149 +87,207 @@ class PreparedAnswer:
         )
 
 
-def answer_prepare(
-    *,
-    caller: Caller,
-    conversation: int | None,
-    content: str,
-    model: ModelChoice,
-    collection_ids: list[int] | None = None,
-    max_tokens: int | None = None,
-    top_k: int = 5,
-    rag: bool = True,
-    search_mode: SearchMode = DEFAULT_SEARCH_MODE,
-    search_filters: SearchFilters | None = None,
-    want_reasoning: bool = False,
-    history: list[ChatMessage] | None = None,
-    instructions: str = "",
-    store: bool = True,
-    cache: bool = True,
-) -> PreparedAnswer:
-    """Admit, retrieve, assemble and route. Raises before any byte; holds a reservation
-    after.
+def answer_prepare(*, request: AnswerRequest) -> PreparedAnswer:
+    """Admit, retrieve, assemble and route ``request``. Raises before any byte; holds a
+    reservation after (unless the caller has no limits), settled at nothing on any
+    failure here."""
+    admitted = _admit(request)
+    try:
+        return _ground(admitted)
+    except BaseException:
+        if admitted.reservation is not None:
+            budget_settle(reservation=admitted.reservation, actual=0)
+        raise
 
-    ``conversation``: the id of one of the caller's (another team's is a 404), or None for
-    a new one, written with the messages. ``model``: the alias, or for ``auto`` the models it
-    routes between. ``history`` replaces the conversation's stored turns (the
-    OpenAI-compatible surface sends its own); ``instructions`` (a client's system
-    message) follow the system prompt. ``search_mode`` and ``search_filters`` are those of
-    :func:`apps.knowledge.services.chunk_search`. ``store`` False (a new conversation only)
-    keeps nothing of the exchange but its usage row. ``cache`` False skips the response
-    cache; it applies only to single-turn questions (no history).
-    """
-    existing: Conversation | None = None
-    if conversation is not None:
-        existing, stored = conversation_history(
-            team=caller.team, conversation_id=conversation, limit=HISTORY_MESSAGES
+
+@dataclass(frozen=True, slots=True)
+class _Admitted:
+    """An answer admitted: its prompt without passages fits ``candidates[0]``, and that
+    prompt's tokens plus every output token it may generate are ``held``."""
+
+    request: AnswerRequest
+    conversation: Conversation | None
+    assemble: _Assembler
+    candidates: list[ModelSpec]
+    bare: Prompt
+    held: int
+    reservation: Reservation | None
+    started: float
+
+
+def _admit(request: AnswerRequest) -> _Admitted:
+    """Admission, before anything is embedded or generated: the prompt without passages
+    plus every output token it may generate, held atomically against every limit (429
+    here, never mid-stream). Passages only add tokens, so the bare prompt is a floor.
+
+    The hold is exact, so counting comes first, bounded: the surfaces cap how many
+    messages and how long (before any count), and fitting takes O(log n) counts of at
+    most the window's worth of characters (``MAX_CHARS_PER_TOKEN`` a token)."""
+    conversation, history = _history(request)
+    limits = limits_cache.get(team=request.caller.team, api_key=request.caller.api_key)
+    cap = max_tokens_cap(limits=limits)
+    candidates = _candidates(request.model, max_tokens=request.max_tokens, cap=cap)
+    started = time.monotonic()
+    assemble = _Assembler(request, history=history, cap=cap)
+    spec, bare = _first_fitting(candidates, assemble)
+    held = bare.prompt_tokens + assemble.output_tokens(spec)
+    reservation = _reserve(request.caller, tokens=held, limits=limits)
+    remaining = candidates[candidates.index(spec) :]
+    return _Admitted(request, conversation, assemble, remaining, bare, held, reservation, started)
+
+
+def _ground(admitted: _Admitted) -> PreparedAnswer:
+    """Retrieval, the prompt with its passages, routing and the response cache's key; the
+    passages' tokens join the hold, all or nothing."""
+    request, assemble = admitted.request, admitted.assemble
+    collections, results = _retrieve(request, admitted.conversation)
+    spec, prompt = _routed(admitted, results)
+    output_tokens = assemble.output_tokens(spec)
+    cache_key = _cache_key(request, assemble.history, spec, output_tokens, collections)
+    metrics.RETRIEVAL.observe(time.monotonic() - admitted.started)
+    if admitted.reservation is not None:
+        extra = prompt.prompt_tokens + output_tokens - admitted.held
+        budget_extend(reservation=admitted.reservation, tokens=extra)
+    history = assemble.history
+    return PreparedAnswer(
+        caller=request.caller,
+        conversation=admitted.conversation,
+        question=request.content,
+        spec=spec,
+        prompt=prompt,
+        max_tokens=output_tokens,
+        citations=_citations(results[: len(prompt.passages)]),
+        reservation=admitted.reservation,
+        want_reasoning=request.want_reasoning,
+        extra=request.sampling,
+        store=request.store or admitted.conversation is not None,
+        cache_key=cache_key,
+        requested=request.model.requested,
+        opening=f"{assemble.system}\0{history[0]['content'] if history else request.content}",
+    )
+
+
+def _history(request: AnswerRequest) -> tuple[Conversation | None, Sequence[ChatMessage]]:
+    """The conversation named (another team's is a 404) and the turns the prompt carries:
+    the request's own, else the conversation's latest ``HISTORY_MESSAGES``."""
+    history: Sequence[ChatMessage] | None = request.history
+    conversation: Conversation | None = None
+    if request.conversation is not None:
+        conversation, stored = conversation_history(
+            team=request.caller.team, conversation_id=request.conversation, limit=HISTORY_MESSAGES
         )
         history = stored if history is None else history
-    limits = limits_cache.get(team=caller.team, api_key=caller.api_key)
-    cap = max_tokens_cap(limits=limits)
-    candidates = _candidates(model, max_tokens=max_tokens, cap=cap)
-    started = time.monotonic()
-    history = history or []
-    system = f"{SYSTEM_PROMPT}\n\n{instructions}" if instructions else SYSTEM_PROMPT
+    return conversation, history or []
 
-    def assembled(spec: ModelSpec, passages: list[Passage]) -> Prompt:
+
+class _Assembler:
+    """This answer's prompt for any candidate model, with or without passages, counted
+    with that model's tokenizer (``context_length_exceeded`` when the question alone does
+    not fit)."""
+
+    def __init__(
+        self, request: AnswerRequest, *, history: Sequence[ChatMessage], cap: int | None
+    ) -> None:
+        self.question = request.content
+        self.max_tokens = request.max_tokens
+        self.history = history
+        self.cap = cap
+        instructions = request.instructions
+        self.system = f"{SYSTEM_PROMPT}\n\n{instructions}" if instructions else SYSTEM_PROMPT
+
+    def output_tokens(self, spec: ModelSpec) -> int:
+        return output_tokens_resolve(spec=spec, max_tokens=self.max_tokens, cap=self.cap)
+
+    def __call__(self, spec: ModelSpec, passages: Sequence[Passage] = ()) -> Prompt:
         try:
             return assemble_prompt(
                 tokenizer=spec.tokenizer,
-                question=content,
+                question=self.question,
                 passages=passages,
-                history=history,
-                system=system,
+                history=self.history,
+                system=self.system,
                 context_window=spec.context_window,
-                max_output_tokens=output_tokens_resolve(spec=spec, max_tokens=max_tokens, cap=cap),
+                max_output_tokens=self.output_tokens(spec),
                 max_chars_per_token=settings.MAX_CHARS_PER_TOKEN,
             )
         except ContextLengthExceeded:
             metrics.CONTEXT_LENGTH_EXCEEDED.inc()
             raise
 
-    # Admission, before anything is embedded or generated: the prompt without passages
-    # plus every output token it may generate, held atomically against every limit (429
-    # here, never mid-stream). Passages only add tokens, so the bare prompt is a floor.
-    # A caller with no limits at all has nothing to hold: no reservation, no write.
-    # The hold is exact, so counting comes first, bounded: the surfaces cap how many
-    # messages and how long (before any count), and fitting takes O(log n) counts of at
-    # most the window's worth of characters (``MAX_CHARS_PER_TOKEN`` a token).
-    spec, bare = _first_fitting(candidates, lambda spec: assembled(spec, []))
-    held = bare.prompt_tokens + output_tokens_resolve(spec=spec, max_tokens=max_tokens, cap=cap)
-    reservation = (
-        budget_reserve(
-            team=caller.team,
-            api_key=caller.api_key,
-            tokens=held,
-            limits=limits,
-            defer_record=True,  # written with the message rows, while the tier prefills
-        )
-        if limits
-        else None
+
+def _reserve(caller: Caller, *, tokens: int, limits: list[Limit]) -> Reservation | None:
+    """``tokens`` held against every one of ``limits``, or 429. A caller with no limits at
+    all has nothing to hold: no reservation, no write."""
+    if not limits:
+        return None
+    return budget_reserve(
+        team=caller.team,
+        api_key=caller.api_key,
+        tokens=tokens,
+        limits=limits,
+        defer_record=True,  # written with the message rows, while the tier prefills
     )
-    try:
-        collections = collection_ids
-        if collections is None and existing is not None:
-            collections = existing.collection_ids
-        results: list[SearchResult] = []
-        if rag:
-            results = chunk_search(
-                caller=caller,
-                query=content,
-                collection_ids=collections or None,
-                top_k=top_k,
-                mode=search_mode,
-                filters=search_filters,
-            )
-        passages = [
-            Passage(r.chunk.document.title, r.chunk.text, tuple(r.chunk.headings)) for r in results
-        ]
-        prompt = assembled(spec, passages) if passages else bare
-        if model.routed:
-            spec, prompt = _route(
-                candidates[candidates.index(spec) :],
-                prompt,
-                lambda spec: assembled(spec, passages),
-                offered=len(passages),
-            )
-        output_tokens = output_tokens_resolve(spec=spec, max_tokens=max_tokens, cap=cap)
-        cache_key = None
-        if cache and not history and settings.RESPONSE_CACHE_TTL > 0:
-            cache_key = response_cache_key(
-                team=caller.team,
-                question=content,
-                alias=spec.alias,  # the routed one: ``auto`` keys as what serves it
-                max_tokens=output_tokens,
-                collection_ids=(collections or None) if rag else [],
-                search={"mode": search_mode, "filters": search_filters, "top_k": top_k},
-                sampling={},  # none is taken from callers yet: the tier's defaults
-                instructions=instructions,
-                reasoning=want_reasoning,
-            )
-        metrics.RETRIEVAL.observe(time.monotonic() - started)
-        if reservation is not None:  # the passages' tokens, on the same hold, all or nothing
-            extra = prompt.prompt_tokens + output_tokens - held
-            budget_extend(reservation=reservation, tokens=extra)
-    except BaseException:
-        if reservation is not None:
-            budget_settle(reservation=reservation, actual=0)
-        raise
-    return PreparedAnswer(
-        caller=caller,
-        conversation=existing,
-        question=content,
-        spec=spec,
-        prompt=prompt,
+
+
+def _retrieve(
+    request: AnswerRequest, existing: Conversation | None
+) -> tuple[list[int] | None, list[SearchResult]]:
+    """The collections searched (the request's, else the conversation's; None: every one
+    the caller may read) and what the search found in them (nothing with RAG off)."""
+    collections = None if request.collection_ids is None else list(request.collection_ids)
+    if collections is None and existing is not None:
+        collections = existing.collection_ids
+    if not request.rag:
+        return collections, []
+    results = chunk_search(
+        caller=request.caller,
+        query=request.content,
+        collection_ids=collections or None,
+        top_k=request.top_k,
+        mode=request.search_mode,
+        filters=request.search_filters,
+    )
+    return collections, results
+
+
+def _routed(admitted: _Admitted, results: list[SearchResult]) -> tuple[ModelSpec, Prompt]:
+    """The prompt with the passages found, for the model that held it bare, then for
+    ``auto`` the model that serves it (:func:`_route`)."""
+    passages = [
+        Passage(r.chunk.document.title, r.chunk.text, tuple(r.chunk.headings)) for r in results
+    ]
+    candidates, assemble = admitted.candidates, admitted.assemble
+    prompt = assemble(candidates[0], passages) if passages else admitted.bare
+    if not admitted.request.model.routed:
+        return candidates[0], prompt
+    return _route(candidates, prompt, lambda spec: assemble(spec, passages), offered=len(passages))
+
+
+def _cache_key(
+    request: AnswerRequest,
+    history: Sequence[ChatMessage],
+    spec: ModelSpec,
+    output_tokens: int,
+    collections: list[int] | None,
+) -> str | None:
+    """The response cache's key, or None: not cached (history, ``cache: false``, the cache
+    off)."""
+    if not request.cache or history or settings.RESPONSE_CACHE_TTL <= 0:
+        return None
+    return response_cache_key(
+        team=request.caller.team,
+        question=request.content,
+        alias=spec.alias,  # the routed one: ``auto`` keys as what serves it
         max_tokens=output_tokens,
-        citations=[
-            _citation(number, result)
-            for number, result in enumerate(results[: len(prompt.passages)], start=1)
-        ],
-        reservation=reservation,
-        want_reasoning=want_reasoning,
-        store=store or existing is not None,
-        cache_key=cache_key,
-        requested=model.requested,
-        opening=f"{system}\0{history[0]['content'] if history else content}",
+        collection_ids=(collections or None) if request.rag else [],
+        search={
+            "mode": request.search_mode,
+            "filters": request.search_filters,
+            "top_k": request.top_k,
+        },
+        sampling=request.sampling,
+        instructions=request.instructions,
+        reasoning=request.want_reasoning,
     )
 
 
@@ -285,6 +339,11 @@ def _route(
         return small, prompt
     large = candidates[1]
     return large, assemble(large)
+
+
+def _citations(results: list[SearchResult]) -> list[dict[str, Any]]:
+    """The citations of the passages the prompt kept, numbered as the prompt numbers them."""
+    return [_citation(number, result) for number, result in enumerate(results, start=1)]
 
 
 def _citation(number: int, result: SearchResult) -> dict[str, Any]:

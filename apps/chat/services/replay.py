@@ -2,7 +2,8 @@
 ``Last-Event-ID``, then, while the answer runs, each new batch as it is stored.
 
 A replay is pushed, not polled: it reads the store when the writer announces the message
-(:mod:`apps.chat.feed`) and reads only what is new (:class:`apps.chat.events.EventCursor`).
+(:mod:`apps.chat.feed`) and reads only what is new
+(:class:`apps.chat.event_store.EventCursor`).
 It also looks on its own every ``REPLAY_RECHECK_SECONDS``: the slow fallback for a writer
 in another process on the database (no Redis to announce it), a lost announcement, and an
 answer that ended without storing its last events (it then ends from its row).
@@ -27,7 +28,7 @@ from django.utils import timezone
 
 from apps.accounts.models import Team
 from apps.chat import selectors
-from apps.chat.events import EventCursor, EventStore, event_store
+from apps.chat.event_store import EventCursor, EventStore, event_store
 from apps.chat.feed import event_feed
 from apps.chat.models import Message
 from apps.chat.services.sweep import abandoned_error, answer_longest_seconds
@@ -230,3 +231,11 @@ async def replay_follow(
             yield event
     finally:
         await slot.arelease()
+
+
+async def replay_open(*, team: Team, message_id: int, after: int) -> AsyncIterator[StoredEvent]:
+    """A replay of the message's events after ``after`` (:func:`message_events_follow`)
+    holding one of ``team``'s replay slots: taken here, before any byte (or 429
+    ``too_many_concurrent_streams``), given back when the replay ends, however it ends."""
+    slot = await db_call(replay_slot_take)(team=team)
+    return replay_follow(slot=slot, message_id=message_id, after=after)

@@ -16,7 +16,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from apps.accounts.models import Team
-from apps.chat.events import event_buffers_delete
+from apps.chat.event_store import event_buffers_delete
 from apps.chat.models import Conversation, Message, MessageEvent
 from apps.chat.response_cache import response_cache_expire, response_cache_purge
 from apps.core.audit import SYSTEM, Actor, audit_record

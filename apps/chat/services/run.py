@@ -5,12 +5,11 @@ conversation, skipping any whose circuit is open; 502 before any byte when all a
 takes a slot there (a fair queue over teams; 503 ``queue_full`` past the wait limit,
 before any byte). Until the first token, a failed upstream hands the answer to the next
 one, then to the fallback alias (:class:`inference.Failover`); the alias that served is
-the one usage, the ledger and the responses name. :func:`answer_events` then streams:
-``Started``, ``Retrieved``, ``Delta``/``Reasoning``, then ``Failed`` if the tier failed,
-``UsageReport`` and ``Done`` (always last). Nothing waits on the database before the
-first token: the request to the tier leaves first, the message keys come from a block
-taken ahead (:mod:`apps.core.ids`) and the message rows are written once the first
-token is out, or while the tier prefills (``ROWS_AFTER_SECONDS``), whichever comes first.
+the one usage, the ledger and the responses name; :func:`~.generate.answer_events`
+streams its events. Nothing waits on the database before the first token: the request to
+the tier leaves first, the message keys come from a block taken ahead
+(:mod:`apps.core.ids`) and the message rows are written once the first token is out, or
+while the tier prefills (``ROWS_AFTER_SECONDS``), whichever comes first.
 
 :class:`AnswerRun` is the ``async with`` block around it: however the block ends (done,
 error, the client gone), the reservation is settled exactly once, the usage row and the
@@ -22,8 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Coroutine
 from dataclasses import replace
 from types import TracebackType
 from typing import Any, TypeVar
@@ -31,19 +29,17 @@ from typing import Any, TypeVar
 from django.db import DatabaseError
 
 from apps.chat.models import Message
-from apps.chat.services.cache import CachedAnswer, cached_answer_get, cached_answer_put
-from apps.chat.services.journal import Journal
-from apps.chat.services.models import (
-    Slot,
-    affinity_key,
-    breaker,
-    cache_salt_derive,
-    inference_client,
-    model_registry,
-    route_targets,
-    slot_acquire,
+from apps.chat.response_cache import (
+    CachedAnswer,
+    cached_answer_events,
+    cached_answer_get,
+    cached_answer_put,
 )
+from apps.chat.services.cancel_watch import cancel_watch
+from apps.chat.services.journal import Journal
+from apps.chat.services.prefetch import Prefetched
 from apps.chat.services.prepare import PreparedAnswer
+from apps.chat.services.registry import model_registry
 from apps.chat.services.settle import (
     AnswerKeys,
     ConversationGone,
@@ -54,56 +50,33 @@ from apps.chat.services.settle import (
     usage_observe,
     usage_of,
 )
-from apps.chat.services.types import (
-    AnswerEvent,
-    Delta,
-    Done,
-    Failed,
-    Reasoning,
-    Retrieved,
-    Started,
-    UsageReport,
+from apps.chat.services.tier import (
+    Slot,
+    affinity_key,
+    breaker,
+    cache_salt_derive,
+    inference_client,
+    route_targets,
+    slot_acquire,
 )
-from apps.core.aio import db_call, loop_cached
-from apps.core.exceptions import (
-    ApplicationError,
-    InvalidRequest,
-    as_application_error,
-    mid_stream_error,
-)
+from apps.chat.services.types import AnswerEvent, Done, Started, UsageReport
+from apps.core.aio import db_call
+from apps.core.exceptions import ApplicationError
 from apps.core.group_commit import budget_writer
 from apps.usage import metrics
 from apps.usage.budgets import budget_settle
-from inference import (
-    Event,
-    Failover,
-    Finished,
-    InferenceError,
-    Interrupt,
-    Interrupted,
-    ModelEntry,
-    OpenAIClient,
-    ReasoningDelta,
-    Target,
-    TextDelta,
-    UpstreamUsage,
-)
+from inference import Event, Failover, Interrupt, ModelEntry, OpenAIClient, Target
 
 logger = logging.getLogger(__name__)
 
 SETTLE_ATTEMPTS = 8
-CANCEL_POLL_SECONDS = 0.25
 ROWS_AFTER_SECONDS = 0.005
 """How long an answer's rows wait for its first token to go out before they are written
 anyway, the tier still prefilling. A tier that answers at once would otherwise have its
-first token wait on the write (the process's one interpreter lock; 1.5 ms of the 6 ms
-the native surface added to the time to first token); a cancel or a replay asked for in
-that time finds the rows a few milliseconds later, as it would during the write."""
+first token wait on the write (the process's one interpreter lock); a cancel or a replay
+asked for in that time finds the rows a few milliseconds later, as it would during the
+write."""
 E = TypeVar("E", bound=AnswerEvent)
-
-
-class ReasoningBudgetExhausted(InvalidRequest):
-    code = "reasoning_budget_exhausted"
 
 
 async def answer_start(prepared: PreparedAnswer) -> AnswerRun:
@@ -136,8 +109,7 @@ async def answer_start(prepared: PreparedAnswer) -> AnswerRun:
     if request is not None:
         request.add_done_callback(run.request_ended)
     # The request to the tier (the run's prefetch task) goes out now, before this
-    # response's start and first frames are made, which then overlap with the tier's work
-    # (the app's added time to first token: 0.25 ms less, bench/gateway.py part 1).
+    # response's start and first frames are made, which then overlap with the tier's work.
     await asyncio.sleep(0)
     return run
 
@@ -191,7 +163,7 @@ class AnswerRun:
         self.rows: asyncio.Future[None] | None = None
         self._rows_due: asyncio.TimerHandle | None = None
         self.generation = Generation()
-        self.status = Message.Status.COMPLETE
+        self.status: str = Message.Status.COMPLETE
         self.error: ApplicationError | None = None
         self.closing: tuple[UsageReport, Done] | None = None
         self.gone = False
@@ -206,8 +178,8 @@ class AnswerRun:
             events = failover.stream(switch=self._switch, interrupt=self.interrupt)
         else:  # replayed from the response cache
             assert cached is not None  # noqa: S101 - answer_start passes one or the other
-            events = _replayed(cached)
-        self.upstream = _Prefetched(events)
+            events = cached_answer_events(cached)
+        self.upstream = Prefetched(events)
 
     @property
     def message_id(self) -> int:
@@ -252,7 +224,7 @@ class AnswerRun:
         if prepared.store:
             loop = asyncio.get_running_loop()
             self._rows_due = loop.call_later(ROWS_AFTER_SECONDS, self.write_rows)
-            self._cancelled = _cancel_watch().watch(self.message_id, self.interrupt)
+            self._cancelled = cancel_watch().watch(self.message_id, self.interrupt)
         return Started(
             message_id=self.message_id,
             conversation_id=self.conversation_id,
@@ -404,7 +376,7 @@ class AnswerRun:
                 await asyncio.shield(self.settle())
             await asyncio.shield(self.journal.close())
         finally:
-            _cancel_watch().forget(self.message_id)
+            cancel_watch().forget(self.message_id)
             await asyncio.shield(self.lease.release())
             metrics.IN_FLIGHT.dec()
 
@@ -422,55 +394,6 @@ class AnswerRun:
         return self.gone or (self._cancelled is not None and self._cancelled.is_set())
 
 
-async def answer_events(run: AnswerRun) -> AsyncIterator[AnswerEvent]:
-    """The answer's events; the caller may stop iterating at any time (client gone)."""
-    prepared, generation = run.prepared, run.generation
-    upstream = run.upstream
-    async with run:
-        try:
-            yield run.emit(run.open())
-            yield run.emit(Retrieved(citations=prepared.citations))
-            try:
-                async for event in upstream:
-                    match event:
-                        case TextDelta(text=text) | ReasoningDelta(text=text):
-                            _tick(run, time.monotonic())
-                            if isinstance(event, TextDelta):
-                                generation.text.append(text)
-                                yield run.emit(Delta(text=text))
-                            else:
-                                generation.reasoning.append(text)
-                                if prepared.want_reasoning:
-                                    yield run.emit(Reasoning(text=text))
-                            run.write_rows()  # the first token is out
-                        case Finished(reason=reason):
-                            generation.finish_reason = reason
-                        case UpstreamUsage():
-                            generation.upstream = event
-                    if run.cancel_requested:
-                        run.end(Message.Status.CANCELLED, "cancelled")
-                        break
-            except Interrupted:  # a cancel or a delete, while the tier prefilled or stalled
-                run.end(Message.Status.CANCELLED, "cancelled")
-            except InferenceError as exc:
-                run.end(Message.Status.FAILED, "error", error=as_application_error(exc))
-            except Exception as exc:  # anything else mid-stream: said in-band, then settled
-                logger.exception("answer %s failed mid-stream", run.message_id)
-                run.end(Message.Status.FAILED, "error", error=mid_stream_error(exc))
-        finally:
-            await upstream.aclose()  # closing the connection stops the tier generating
-            await run.lease.release()  # the next request in the queue may go now
-        if generation.finish_reason == "length" and generation.reasoning and not generation.text:
-            run.error = ReasoningBudgetExhausted(
-                "max_tokens ran out during reasoning, before any answer token."
-            )
-        if run.error is not None:
-            run.status = Message.Status.FAILED
-            yield run.emit(Failed(error=run.error))
-        for event in await run.settle():
-            yield event
-
-
 _background: set[asyncio.Task[None]] = set()
 
 
@@ -478,96 +401,3 @@ def _in_background(work: Coroutine[Any, Any, None]) -> None:
     task = asyncio.get_running_loop().create_task(work)
     _background.add(task)  # the loop keeps only a weak reference
     task.add_done_callback(_background.discard)
-
-
-def _tick(run: AnswerRun, now: float) -> None:
-    generation = run.generation
-    if generation.first_token is None:
-        generation.first_token = now
-    elif generation.last_token is not None and run.cached is None:
-        metrics.INTER_TOKEN.labels(run.prepared.spec.alias).observe(now - generation.last_token)
-    generation.last_token = now
-
-
-T = TypeVar("T")
-_END: Any = object()
-
-
-class _Prefetched(AsyncIterator[T]):
-    """An async iterator whose first item is fetched in the background from the start, so
-    the work that fetch begins (the request to the tier) overlaps with the caller's."""
-
-    def __init__(self, iterator: AsyncIterator[T]) -> None:
-        self._iterator = iterator
-        self._first: asyncio.Future[T] | None = asyncio.ensure_future(anext(iterator, _END))
-
-    async def __anext__(self) -> T:
-        if self._first is not None:
-            first, self._first = self._first, None
-            item = await first
-            if item is _END:
-                raise StopAsyncIteration
-            return item
-        return await anext(self._iterator)
-
-    async def aclose(self) -> None:
-        if self._first is not None and not self._first.done():
-            self._first.cancel()
-            await asyncio.wait({self._first})
-        closer = getattr(self._iterator, "aclose", None)
-        if closer is not None:
-            await closer()
-
-
-async def _replayed(cached: CachedAnswer) -> AsyncIterator[Event]:
-    """A cached answer as the tier's events: its reasoning, its deltas, how it finished."""
-    for text in cached.reasoning:
-        yield ReasoningDelta(text)
-    for text in cached.text:
-        yield TextDelta(text)
-    yield Finished(cached.finish_reason)
-
-
-class _CancelWatch:
-    """Cancel requests for every answer this process streams, read in one query every
-    ``CANCEL_POLL_SECONDS`` (not one query per answer per flush: a thousand open streams
-    would be a thousand queries a second)."""
-
-    def __init__(self) -> None:
-        self.events: dict[int, tuple[asyncio.Event, Callable[[], None]]] = {}
-        self.task: asyncio.Task[None] | None = None
-
-    def watch(self, message_id: int, on_cancel: Callable[[], None]) -> asyncio.Event:
-        """An event set (and ``on_cancel`` called) once a cancel of the answer is asked."""
-        event, _ = self.events.setdefault(message_id, (asyncio.Event(), on_cancel))
-        if self.task is None or self.task.done():
-            self.task = asyncio.create_task(self._poll())
-        return event
-
-    def forget(self, message_id: int) -> None:
-        self.events.pop(message_id, None)
-
-    async def _poll(self) -> None:
-        while self.events:
-            await asyncio.sleep(CANCEL_POLL_SECONDS)
-            try:
-                asked = await db_call(_cancel_requested_among)(list(self.events))
-            except DatabaseError as exc:  # the next round tries again
-                logger.warning("cannot read cancel requests: %s", exc)
-                continue
-            for message_id in asked:
-                if message_id in self.events:
-                    event, on_cancel = self.events[message_id]
-                    if not event.is_set():
-                        event.set()
-                        on_cancel()
-
-
-@loop_cached
-def _cancel_watch() -> _CancelWatch:
-    return _CancelWatch()
-
-
-def _cancel_requested_among(message_ids: list[int]) -> list[int]:
-    asked = Message.objects.filter(pk__in=message_ids, cancel_requested=True)
-    return list(asked.values_list("pk", flat=True))

@@ -1,6 +1,7 @@
 """Writes for the knowledge app, one module per concern, re-exported here."""
 
 from apps.knowledge.services.collections import collection_create, collection_delete
+from apps.knowledge.services.dispatch import ingestion_enqueue
 from apps.knowledge.services.documents import (
     Accepted,
     document_create_from_file,
@@ -18,13 +19,7 @@ from apps.knowledge.services.indexing import (
     index_state,
     index_store,
 )
-from apps.knowledge.services.ingestion import (
-    STAGE_FUNCTIONS,
-    document_fail,
-    document_ingest,
-    documents_requeue_stalled,
-    ingestion_enqueue,
-)
+from apps.knowledge.services.ingestion import documents_requeue_stalled
 from apps.knowledge.services.search import (
     DEFAULT_SEARCH_MODE,
     SEARCH_MODES,
@@ -33,6 +28,7 @@ from apps.knowledge.services.search import (
     SearchResult,
     chunk_search,
 )
+from apps.knowledge.services.stages import STAGE_FUNCTIONS, document_fail, document_ingest
 
 __all__ = [
     "DEFAULT_SEARCH_MODE",

@@ -11,7 +11,7 @@ from apps.core.exceptions import InvalidRequest
 from apps.core.models import AuditEvent
 from apps.knowledge.models import Collection, Document
 from apps.knowledge.services.indexing import index_store
-from apps.knowledge.services.ingestion import ACTIVE, document_release
+from apps.knowledge.services.stages import ACTIVE, document_release
 from apps.knowledge.signals import team_documents_deleted
 
 

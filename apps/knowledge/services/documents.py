@@ -18,8 +18,9 @@ from apps.core.crypto import encrypt_bytes
 from apps.core.exceptions import InvalidRequest, PayloadTooLarge, UnsupportedFileType
 from apps.core.models import AuditEvent
 from apps.knowledge.models import Chunk, Collection, Document
+from apps.knowledge.services.dispatch import ingestion_enqueue
 from apps.knowledge.services.indexing import collection_index_append, index_store
-from apps.knowledge.services.ingestion import document_release, ingestion_enqueue
+from apps.knowledge.services.stages import document_release
 from apps.knowledge.signals import team_documents_deleted
 from retrieval import UnsupportedDocument, detect_media_type
 from retrieval.parsing import MARKDOWN, PDF, TEXT

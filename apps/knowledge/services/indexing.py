@@ -24,12 +24,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from celery import current_app
 from django.conf import settings
 from django.db import transaction
 from django.db.models import F
 
 from apps.knowledge.models import Chunk, Collection
-from config.celery import app as celery_app
 from retrieval import (
     Embedder,
     EmbedderUnavailable,
@@ -138,7 +138,7 @@ def collection_index_append(
         # Cached only once current: a rolled-back version never answers a search here.
         store.remember(collection.index_key, "delta", version, segment=delta)
         if deltas >= settings.INDEX_COMPACT_DELTAS:
-            celery_app.signature(COMPACT_TASK, args=[collection.pk], immutable=True).apply_async()
+            current_app.signature(COMPACT_TASK, args=[collection.pk], immutable=True).apply_async()
 
     transaction.on_commit(published)
     return collection

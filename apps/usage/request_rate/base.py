@@ -1,7 +1,7 @@
 """What a request bucket is, and when a refused request may come back.
 
 A bucket holds whole requests, up to its burst, refilled at a steady rate with the token
-limiters' integer arithmetic (:func:`apps.usage.limiters.refilled`: whole requests earned
+limiters' integer arithmetic (:func:`apps.usage.limiters.base.refilled`: whole requests earned
 since the last refill, the refill clock moving only by what they took). Every request
 takes one from each bucket that applies to it, all or nothing.
 """

@@ -1,6 +1,6 @@
 """Request buckets in Redis, shared by every web process: one Lua script per request.
 
-The script is the token buckets' refill (:data:`apps.usage.limiters._LUA_REFILL`, the same
+The script is the token buckets' refill (:data:`apps.usage.limiters.redis._LUA_REFILL`, the same
 integer arithmetic and key expiry) taking one request from each bucket, all or nothing.
 The async answer views await it on the event loop (:meth:`RedisRequestLimiter.atake`);
 the other views call it from their thread.
@@ -17,7 +17,8 @@ import redis.asyncio
 from django.conf import settings
 
 from apps.core.aio import loop_cached
-from apps.usage.limiters import _LUA_REFILL, LimiterUnavailable, Refusal, _ms, _redis_client
+from apps.usage.limiters import LimiterUnavailable, Refusal
+from apps.usage.limiters.redis import _LUA_REFILL, _ms, _redis_client
 from apps.usage.request_rate.base import RequestBucket, request_refusal
 
 # KEYS: the buckets. ARGV: now (ms; empty: Redis's clock), then capacity and rate per

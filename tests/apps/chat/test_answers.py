@@ -373,7 +373,7 @@ def test_answers_streaming_together_share_each_journal_write_and_replay_whole(
 ) -> None:
     """One write a quarter second carries every open answer's events (a thousand streams
     are not a thousand writes a second), and each answer still replays exactly."""
-    from apps.chat.events import DatabaseEventStore, RedisEventStore
+    from apps.chat.event_store import DatabaseEventStore, RedisEventStore
 
     settings.STREAM_BUFFER_REDIS_URL = redis_url() if buffer == "redis" else ""
     store = RedisEventStore if buffer == "redis" else DatabaseEventStore
@@ -492,7 +492,7 @@ def test_a_failing_event_journal_never_fails_the_answer(
     leaves the answer, its usage and its ledger row whole."""
     from django.db import DatabaseError
 
-    from apps.chat.events import DatabaseEventStore
+    from apps.chat.event_store import DatabaseEventStore
 
     attempts: list[int] = []
 
@@ -519,7 +519,7 @@ def test_a_write_for_many_answers_goes_in_slices_and_loses_none(settings: Any) -
     one stored under its message, readable in order, over several pipelines."""
     import asyncio
 
-    from apps.chat.events import PIPELINE_SLICE, RedisEventStore
+    from apps.chat.event_store import PIPELINE_SLICE, RedisEventStore
 
     url = redis_url()
     count = PIPELINE_SLICE * 2 + 50

@@ -230,7 +230,7 @@ def test_security_headers_on_every_page(
     page: Any, asgi_server: str, team: Team, django_user_model: Any
 ) -> None:
     sign_in(page, asgi_server, team, django_user_model)
-    for path in ("/", "/usage", "/keys", "/login", "/static/ragtier/chat.js"):
+    for path in ("/", "/usage", "/keys", "/login", "/static/chat/chat.js"):
         response = page.request.get(f"{asgi_server}{path}")
         assert response.status == 200, path
         headers = response.headers

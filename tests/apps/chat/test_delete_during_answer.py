@@ -85,7 +85,7 @@ def test_delete_mid_answer_stops_and_bills_it_and_leaves_other_teams_whole(
     if buffer == "redis":
         import redis
 
-        from apps.chat.events import event_buffer_key
+        from apps.chat.event_store import event_buffer_key
 
         client = redis.Redis.from_url(settings.STREAM_BUFFER_REDIS_URL)
         try:

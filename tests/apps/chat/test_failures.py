@@ -12,6 +12,7 @@ from django.db import OperationalError
 from django.utils import timezone
 
 from apps.chat.models import Conversation, Message
+from apps.chat.services import generate as answer_generate
 from apps.chat.services import run as answer_run
 from apps.chat.services.sweep import answer_longest_seconds, messages_close_abandoned
 from apps.usage.models import UsageRecord
@@ -27,7 +28,7 @@ def test_a_failure_mid_stream_ends_in_band_with_usage_and_done(
     upstream.script.tokens = [" one", " two", " three", " four"]
     upstream.script.delay = 0.02  # apart: one delta (and one tick) each
     ticks = 0
-    original = answer_run._tick
+    original = answer_generate._tick
 
     def failing_tick(run: Any, now: float) -> None:
         nonlocal ticks
@@ -36,7 +37,7 @@ def test_a_failure_mid_stream_ends_in_band_with_usage_and_done(
             raise RuntimeError("a bug, or a dependency gone")
         original(run, now)
 
-    monkeypatch.setattr(answer_run, "_tick", failing_tick)
+    monkeypatch.setattr(answer_generate, "_tick", failing_tick)
     frames = ask_stream(http, conversation_for(http), content="Hi", top_k=0)
     names = [f["event"] for f in frames]
     assert names[-3:] == ["error", "usage", "done"]

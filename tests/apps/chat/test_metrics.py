@@ -69,7 +69,7 @@ def test_metrics_aggregate_across_processes(tmp_path: object) -> None:
             [sys.executable, "-c", write], cwd=BASE_DIR, env=env, check=True, timeout=120
         )
     read = (
-        "import django; django.setup(); from apps.usage.metrics import metrics_exposition; "
+        "import django; django.setup(); from apps.site.monitoring import metrics_exposition; "
         "print(metrics_exposition()[0].decode())"
     )
     out = subprocess.run(

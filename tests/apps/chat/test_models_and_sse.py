@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from apps.chat.services import model_resolve
-from apps.chat.services.models import _windows
+from apps.chat.services.tier import _windows
 from apps.chat.services.types import Done, Started
 from apps.chat.sse import frame, with_pings
 from apps.core.exceptions import NotFound, UpstreamError

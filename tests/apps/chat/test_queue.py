@@ -224,20 +224,16 @@ async def test_a_response_never_begun_settles_and_frees_its_slot(
     the run: the tier request closes, the slot is free, nothing stays reserved."""
     from apps.accounts.selectors import caller_for
     from apps.chat.models import Message
-    from apps.chat.services import answer_prepare, answer_start, model_choose
-    from apps.chat.services.models import slot_acquire
+    from apps.chat.services import AnswerRequest, answer_prepare, answer_start, model_choose
+    from apps.chat.services.tier import slot_acquire
     from apps.core.aio import db_call
 
     await Limit.objects.acreate(team=issued_key.api_key.team, daily_tokens=1_000_000)
     caller = caller_for(user=None, api_key=issued_key.api_key)
     assert caller is not None
-    prepared = await db_call(answer_prepare)(
-        caller=caller,
-        conversation=None,
-        content="Hi",
-        model=await model_choose(alias=None),
-        rag=False,
-    )
+    model = await model_choose(alias=None)
+    request = AnswerRequest(caller=caller, model=model, content="Hi", rag=False)
+    prepared = await db_call(answer_prepare)(request=request)
     assert prepared.reservation is not None
 
     async def view() -> None:

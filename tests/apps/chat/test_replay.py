@@ -16,7 +16,9 @@ import pytest
 
 from apps.accounts.models import Team
 from apps.accounts.services import api_key_create
-from apps.chat import events as event_module
+from apps.chat import event_store as event_module
+from apps.chat.event_store import database as database_store
+from apps.chat.event_store import redis as redis_store
 from apps.chat.models import Conversation, Message
 from tests.apps.chat.conftest import answer_frames, ask_stream, conversation_for, parse_sse
 from tests.apps.chat.test_answers import redis_url
@@ -41,11 +43,13 @@ def replay(http: httpx.Client, message_id: int, after: int = 0) -> list[dict[str
 
 @contextlib.contextmanager
 def counted_store(monkeypatch: pytest.MonkeyPatch, buffer: str) -> Iterator[dict[str, Any]]:
-    """Counts the store's reads (each expands what it fetched: ``_after``), the records a
-    read fetched from Redis (each decrypted: ``_open``) and the writes naming each message."""
+    """Counts the store's reads (each expands what it fetched: ``events_after``), the
+    records a read fetched from Redis (each decrypted: ``_open``) and the writes naming each
+    message."""
     store = event_module.RedisEventStore if buffer == "redis" else event_module.DatabaseEventStore
+    module = redis_store if buffer == "redis" else database_store
     counts: dict[str, Any] = {"reads": 0, "opened": 0, "writes": {}}
-    expand, open_record, append_many = event_module._after, event_module._open, store.append_many
+    expand, open_record, append_many = module.events_after, redis_store._open, store.append_many
 
     def counted_after(*args: Any) -> Any:
         counts["reads"] += 1
@@ -60,8 +64,8 @@ def counted_store(monkeypatch: pytest.MonkeyPatch, buffer: str) -> Iterator[dict
         for message_id in batches:
             counts["writes"][message_id] = counts["writes"].get(message_id, 0) + 1
 
-    monkeypatch.setattr(event_module, "_after", counted_after)
-    monkeypatch.setattr(event_module, "_open", counted_open)
+    monkeypatch.setattr(module, "events_after", counted_after)
+    monkeypatch.setattr(redis_store, "_open", counted_open)
     monkeypatch.setattr(store, "append_many", counted_append_many)
     yield counts
 

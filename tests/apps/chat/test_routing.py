@@ -16,7 +16,7 @@ from django.test import Client
 from apps.accounts.models import Team
 from apps.accounts.services import api_key_create
 from apps.chat.models import Message
-from apps.chat.services.models import affinity_key, cache_salt_derive
+from apps.chat.services.tier import affinity_key, cache_salt_derive
 from apps.usage.models import UsageRecord
 from inference import FakeTokenizer, GGUFTokenizer, TiktokenTokenizer, rendezvous_order
 from tests.apps.chat.conftest import ask_stream, conversation_for
@@ -353,7 +353,7 @@ def test_the_admin_page_lists_the_registry_with_circuits_and_slots(
     )
     from asgiref.sync import async_to_sync
 
-    from apps.chat.services.models import breaker
+    from apps.chat.services.tier import breaker
 
     async def fail() -> None:  # the breaker (and its Redis client) belong to a loop
         await breaker().failure(tier.a.base_url)

@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from apps.chat.services.models import _windows
+from apps.chat.services.tier import _windows
 from apps.usage.models import UsageRecord
 from inference import FakeTokenizer
 from tests.apps.chat.conftest import ask_stream, conversation_for
@@ -84,7 +84,7 @@ def test_ollama_without_usage_is_counted_and_its_window_read_from_api_show(
         "small": {"served_name": "llama3.2:3b", "context_window": None, "max_output_tokens": 64}
     }
     tier.show = "ollama-0.33/show_num_ctx.json"
-    with caplog.at_level(logging.WARNING, logger="inference.client"):
+    with caplog.at_level(logging.WARNING, logger="inference.dialects"):
         frames = ask_stream(http, conversation_for(http), content="What colour is the sky?")
     _windows.clear()
     assert "silently truncates" in caplog.text  # num_ctx 8192 < the model's 131072

@@ -17,7 +17,7 @@ from rest_framework.test import APIClient
 from apps.accounts.models import ApiKey, Membership, Team
 from apps.accounts.selectors import api_key_cache
 from apps.accounts.services import api_key_create, api_key_update, membership_add
-from apps.chat.events import event_buffers_delete
+from apps.chat.event_store import event_buffers_delete
 from apps.chat.models import Conversation, Message
 from apps.chat.services.retention import retention_purge
 from apps.core.models import AuditEvent

@@ -11,7 +11,7 @@ import pytest
 import redis
 
 from apps.core.aio import redis_client
-from apps.usage import limiters
+from apps.usage.limiters import redis as limiters
 
 
 async def test_the_shared_async_client_has_both_timeouts(settings: Any) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from apps.core.exceptions import as_application_error
-from inference.client import upstream_error
+from inference.dialects import upstream_error
 from tests.inference.test_upstream_errors import CASES
 
 

@@ -24,11 +24,11 @@ from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded
 
-from apps.knowledge.services import ingestion
+from apps.knowledge.services import stages
 from retrieval import ParsedDocument
 from retrieval.embedders import Embeddings, FakeEmbedder
 
-_parse_document = ingestion.parse_document_bounded
+_parse_document = stages.parse_document_bounded
 
 
 def parse_document_bounded(data: bytes, **options: Any) -> ParsedDocument:
@@ -51,7 +51,7 @@ def parse_document_bounded(data: bytes, **options: Any) -> ParsedDocument:
     return _parse_document(data, **options)
 
 
-ingestion.parse_document_bounded = parse_document_bounded
+stages.parse_document_bounded = parse_document_bounded
 
 
 class SlowFakeEmbedder(FakeEmbedder):

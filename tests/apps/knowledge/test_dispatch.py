@@ -17,12 +17,13 @@ from apps.accounts.models import Team
 from apps.knowledge.models import Chunk, Collection, Document
 from apps.knowledge.services import (
     STAGE_FUNCTIONS,
+    dispatch,
     document_create_from_text,
     documents_requeue_stalled,
     embedder,
-    ingestion,
 )
-from apps.knowledge.services.ingestion import ingestion_dispatch, ingestion_stage_run
+from apps.knowledge.services.dispatch import ingestion_dispatch
+from apps.knowledge.services.ingestion import ingestion_stage_run
 from apps.usage.models import Limit, Reservation, UsageRecord
 from config.celery import app as celery_app
 from retrieval import Embeddings, FakeEmbedder, embedding_text
@@ -39,7 +40,7 @@ TEXT = "\n\n".join(
 def sent(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, str]]:
     """What would go to the broker, in order: (document id, stage)."""
     calls: list[tuple[int, str]] = []
-    monkeypatch.setattr(ingestion, "_send", lambda pk, stage: calls.append((pk, stage)))
+    monkeypatch.setattr(dispatch, "_send", lambda pk, stage: calls.append((pk, stage)))
     return calls
 
 
@@ -60,7 +61,7 @@ def submit(collection: Collection, text: str, *, title: str = "Doc") -> Document
     document = document_create_from_text(
         collection=collection, title=title, text=text, format="markdown", enqueue=False
     ).document
-    ingestion.ingestion_enqueue(document=document)
+    dispatch.ingestion_enqueue(document=document)
     return document
 
 

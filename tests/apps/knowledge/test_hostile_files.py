@@ -17,8 +17,9 @@ from rest_framework.test import APIClient
 
 from apps.accounts.models import Team
 from apps.knowledge.models import Collection, Document
-from apps.knowledge.services import document_create_from_file, ingestion
-from apps.knowledge.services.ingestion import ingestion_dispatch, ingestion_stage_run
+from apps.knowledge.services import dispatch, document_create_from_file
+from apps.knowledge.services.dispatch import ingestion_dispatch
+from apps.knowledge.services.ingestion import ingestion_stage_run
 from apps.usage.models import Reservation, UsageRecord
 from config.celery import app as celery_app
 from tests import factories, hostile_files
@@ -105,7 +106,7 @@ def one_place(settings: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[t
     yields what would go to the broker, in order: (document id, stage)."""
     settings.INGEST_MAX_IN_FLIGHT = 1
     calls: list[tuple[int, str]] = []
-    monkeypatch.setattr(ingestion, "_send", lambda pk, stage: calls.append((pk, stage)))
+    monkeypatch.setattr(dispatch, "_send", lambda pk, stage: calls.append((pk, stage)))
     saved, celery_app.conf.task_always_eager = celery_app.conf.task_always_eager, False
     try:
         yield calls
@@ -117,7 +118,7 @@ def upload(collection: Collection, name: str, data: bytes) -> Document:
     document = document_create_from_file(
         collection=collection, upload=SimpleUploadedFile(name, data), enqueue=False
     ).document
-    ingestion.ingestion_enqueue(document=document)
+    dispatch.ingestion_enqueue(document=document)
     return document
 
 

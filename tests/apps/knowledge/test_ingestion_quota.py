@@ -20,7 +20,7 @@ from apps.knowledge.services import (
     document_ingest,
     document_reingest,
     embedder,
-    ingestion,
+    stages,
 )
 from apps.usage.budgets import period_bounds, reservations_release_expired
 from apps.usage.budgets import quota_used as counted
@@ -216,7 +216,7 @@ def test_a_batch_landing_while_counting_is_counted_again_under_the_lock(
     Limit.objects.create(team=team, daily_tokens=100_000)
     document = accepted(team)
     up_to_embed(document)
-    real_cost = ingestion._embedding_cost
+    real_cost = stages._embedding_cost
     landed: list[int] = []
 
     def cost_after_a_concurrent_batch(document: Document) -> int:
@@ -231,7 +231,7 @@ def test_a_batch_landing_while_counting_is_counted_again_under_the_lock(
             landed.append(embedded.token_count)
         return real_cost(document)
 
-    monkeypatch.setattr(ingestion, "_embedding_cost", cost_after_a_concurrent_batch)
+    monkeypatch.setattr(stages, "_embedding_cost", cost_after_a_concurrent_batch)
     document = document_ingest(document_id=document.pk)
 
     assert landed and document.status == "indexed"

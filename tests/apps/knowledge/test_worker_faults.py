@@ -16,7 +16,7 @@ import pytest
 from apps.accounts.models import Team
 from apps.knowledge.models import Chunk, Collection, Document
 from apps.knowledge.services import collection_index_load, document_create_from_text
-from apps.knowledge.services.ingestion import TASKS
+from apps.knowledge.services.dispatch import TASKS
 from apps.usage.models import Reservation, UsageRecord
 from config.celery import app as celery_app
 from retrieval import embedding_text

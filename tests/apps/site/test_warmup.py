@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from apps.chat.services.models import model_registry
+from apps.chat.services.registry import model_registry
 from apps.knowledge.services import indexing
 from apps.site import warmup
 from inference import tokenizers

@@ -1,13 +1,6 @@
-"""Where token buckets and stream slots live: the database, or Redis when configured.
-
-Both stores keep the same integer arithmetic (whole tokens earned since the last refill,
-the refill clock moving only by what those tokens took) and the same contract: ``acquire``
-draws ``tokens`` from every bucket and takes a slot under every stream limit, all or
-nothing, or returns the first :class:`Refusal`; ``release`` gives back ``difference``
-tokens and frees the slots. The database store runs inside the caller's transaction (its
-rows are locked and conditionally updated there); the Redis store is one Lua script per
-operation, so each is atomic on the server, with the caller's clock passed in (tests
-inject one) or Redis's own.
+"""Token buckets, stream slots and period quotas in Redis: one Lua script per operation,
+so each is atomic on the server, with the caller's clock passed in (tests inject one) or
+Redis's own.
 
 Redis also counts the period quotas (:meth:`RedisLimiter.admit`: quotas, buckets and
 slots in one script). A quota is a hash: ``base`` (what settled, as the database records
@@ -21,217 +14,24 @@ it adds to the database counter, and the periodic job resets ``base`` to the rec
 from __future__ import annotations
 
 import functools
-import math
 import uuid
-from dataclasses import dataclass
-from datetime import date, datetime, timedelta
-from typing import Any, Protocol
+from datetime import datetime, timedelta
+from typing import Any
 
 import redis
 from django.conf import settings
-from django.db import IntegrityError, transaction
 
-from apps.usage import statements
-from apps.usage.models import Limit, StreamCounter, TokenBucket
-
-CONCURRENCY_RETRY_SECONDS = 1
-
-
-@dataclass(frozen=True)
-class Bucket:
-    limit_id: int
-    capacity: int
-    rate: int  # tokens per minute
-    scope: str  # "team" or "key"
-
-
-@dataclass(frozen=True)
-class Slot:
-    limit_id: int
-    maximum: int
-    scope: str
-    kind: str = "streams"
-    """What it counts: answer ``streams`` under a limit, or a team's open ``replays``
-    (``limit_id`` is then the team's; only :class:`RedisLimiter` keeps those)."""
-
-
-@dataclass(frozen=True)
-class Refusal:
-    code: str
-    limit: int
-    remaining: int
-    retry_after: int
-    unit: str = "tokens"
-
-    def headers(self) -> dict[str, str]:
-        """``Retry-After`` and the ``x-ratelimit-*`` headers of the 429 it becomes."""
-        return {
-            "Retry-After": str(self.retry_after),
-            f"x-ratelimit-limit-{self.unit}": str(self.limit),
-            f"x-ratelimit-remaining-{self.unit}": str(self.remaining),
-            f"x-ratelimit-reset-{self.unit}": f"{self.retry_after}s",
-        }
-
-
-@dataclass(frozen=True)
-class QuotaKey:
-    """One period's counter of a limit: the same in the database and in Redis."""
-
-    limit_id: int
-    period: str  # "day" or "month"
-    starts_on: date
-
-
-@dataclass(frozen=True)
-class Quota:
-    key: QuotaKey
-    maximum: int
-    scope: str
-    resets_at: datetime
-
-    def refusal(self, used: int, now: datetime) -> Refusal:
-        retry = math.ceil((self.resets_at - now).total_seconds())
-        remaining = max(0, self.maximum - used)
-        return Refusal(f"{self.scope}_quota_exceeded", self.maximum, remaining, retry)
-
-
-class LimiterUnavailable(Exception):
-    """The store that enforces a limit cannot be reached."""
-
-
-class QuotaUnseeded(Exception):
-    """Redis has no counter for this quota yet: seed it from the database, then retry."""
-
-    def __init__(self, quota: Quota) -> None:
-        super().__init__(f"quota {quota.key} is not in Redis")
-        self.quota = quota
-
-
-class Limiter(Protocol):
-    store: str
-
-    def acquire(
-        self,
-        *,
-        token: uuid.UUID,
-        buckets: list[Bucket],
-        slots: list[Slot],
-        tokens: int,
-        now: datetime,
-    ) -> Refusal | None: ...
-
-    def release(
-        self,
-        *,
-        token: uuid.UUID,
-        buckets: list[Bucket],
-        slots: list[Slot],
-        difference: int,
-        now: datetime,
-    ) -> None: ...
-
-    def available(self, bucket: Bucket, now: datetime) -> int: ...
-
-
-def bucket_refusal(bucket: Bucket, level: int, tokens: int) -> Refusal:
-    """When the bucket will hold ``tokens`` again: exact, from its refill rate."""
-    retry = math.ceil((tokens - level) * 60 / bucket.rate) if bucket.rate else 86_400
-    return Refusal(f"{bucket.scope}_tokens_per_minute", bucket.capacity, max(level, 0), retry)
-
-
-def slot_refusal(slot: Slot) -> Refusal:
-    # A stream ends when it ends: there is no exact time, so ask again soon.
-    return Refusal(
-        "too_many_concurrent_streams", slot.maximum, 0, CONCURRENCY_RETRY_SECONDS, "streams"
-    )
-
-
-def refilled(
-    level: int, refilled_at: datetime, *, capacity: int, rate: float, now: datetime
-) -> tuple[int, datetime]:
-    """Whole tokens earned since the last refill; the clock moves by what they took, so
-    fractions of a token are never lost or invented."""
-    elapsed = max(0.0, (now - refilled_at).total_seconds())
-    earned = int(elapsed * rate // 60) if rate else 0
-    if level + earned >= capacity:
-        return capacity, now
-    return level + earned, refilled_at + timedelta(seconds=earned * 60 / rate)
-
-
-class DatabaseLimiter:
-    """Buckets and stream counters as rows, locked or conditionally updated in the
-    caller's transaction (SQLite's IMMEDIATE transactions serialise writers)."""
-
-    store = "database"
-
-    def acquire(
-        self,
-        *,
-        token: uuid.UUID,
-        buckets: list[Bucket],
-        slots: list[Slot],
-        tokens: int,
-        now: datetime,
-    ) -> Refusal | None:
-        for bucket in buckets:
-            pk, level, refilled_at = _locked_bucket(bucket, now)
-            level, refilled_at = refilled(
-                level, refilled_at, capacity=bucket.capacity, rate=bucket.rate, now=now
-            )
-            if level < tokens:
-                return bucket_refusal(bucket, level, tokens)
-            statements.bucket_set(pk, level=level - tokens, refilled_at=refilled_at)
-        for slot in slots:
-            if not statements.slot_take(slot.limit_id, maximum=slot.maximum):
-                _get_or_create(StreamCounter, limit_id=slot.limit_id)  # the first stream
-                if not statements.slot_take(slot.limit_id, maximum=slot.maximum):
-                    return slot_refusal(slot)
-        return None
-
-    def release(
-        self,
-        *,
-        token: uuid.UUID,
-        buckets: list[Bucket],
-        slots: list[Slot],
-        difference: int,
-        now: datetime,
-    ) -> None:
-        for bucket in buckets:
-            statements.bucket_refund(bucket.limit_id, tokens=difference, capacity=bucket.capacity)
-        statements.slots_free([slot.limit_id for slot in slots])
-
-    def available(self, bucket: Bucket, now: datetime) -> int:
-        row = TokenBucket.objects.filter(limit_id=bucket.limit_id).first()
-        if row is None:
-            return bucket.capacity
-        return refilled(
-            row.level, row.refilled_at, capacity=bucket.capacity, rate=bucket.rate, now=now
-        )[0]
-
-
-def _locked_bucket(bucket: Bucket, now: datetime) -> tuple[int, int, datetime]:
-    """The bucket's row (id, level, last refill), locked; made full if it is the first."""
-    row = statements.bucket_row(bucket.limit_id)
-    if row is not None:
-        return row
-    _get_or_create(
-        TokenBucket,
-        limit_id=bucket.limit_id,
-        defaults={"level": bucket.capacity, "refilled_at": now},
-    )
-    row = statements.bucket_row(bucket.limit_id)
-    assert row is not None  # noqa: S101 - made just above
-    return row
-
-
-def _get_or_create(model: Any, *, defaults: dict[str, Any] | None = None, **lookup: Any) -> Any:
-    try:
-        with transaction.atomic():
-            return model.objects.get_or_create(defaults=defaults, **lookup)[0]
-    except IntegrityError:  # created concurrently
-        return model.objects.get(**lookup)
-
+from apps.usage.limiters.base import (
+    Bucket,
+    LimiterUnavailable,
+    Quota,
+    QuotaKey,
+    QuotaUnseeded,
+    Refusal,
+    Slot,
+    bucket_refusal,
+    slot_refusal,
+)
 
 # One refill formula for all three scripts: the same integer arithmetic as ``refilled``.
 # A missing bucket key is a full bucket (keys expire once they would have refilled).
@@ -578,34 +378,6 @@ def _redis_client(url: str) -> redis.Redis:
     return redis.Redis.from_url(url, socket_connect_timeout=timeout, socket_timeout=timeout)
 
 
-def limiter(store: str | None = None) -> Limiter:
-    """The limiter of ``store`` ("database" or "redis"); by default Redis when configured."""
-    store = store or ("redis" if settings.RATE_LIMIT_REDIS_URL else "database")
-    if store == "redis":
-        return _redis_limiter(settings.RATE_LIMIT_REDIS_URL, settings.RATE_LIMIT_KEY_PREFIX)
-    return DatabaseLimiter()
-
-
-def limiter_keys_delete(*, limit_ids: list[int], team_id: int | None = None) -> int:
-    """Drop the Redis state of these limits, and with ``team_id`` that team's own (its
-    request buckets and replay slots): none is kept elsewhere (the database's goes with
-    the rows). How many keys went."""
-    if not settings.RATE_LIMIT_REDIS_URL or not (limit_ids or team_id):
-        return 0
-    redis_limiter = _redis_limiter(settings.RATE_LIMIT_REDIS_URL, settings.RATE_LIMIT_KEY_PREFIX)
-    return redis_limiter.forget(limit_ids, team_id=team_id)
-
-
 @functools.cache
-def _redis_limiter(url: str, prefix: str) -> RedisLimiter:
+def redis_limiter(url: str, prefix: str) -> RedisLimiter:
     return RedisLimiter(url, prefix)
-
-
-def buckets_and_slots(limit: Limit) -> tuple[Bucket | None, Slot | None]:
-    scope = "key" if limit.api_key_id else "team"
-    bucket = slot = None
-    if limit.burst_tokens is not None and limit.tokens_per_minute is not None:
-        bucket = Bucket(limit.pk, int(limit.burst_tokens), int(limit.tokens_per_minute), scope)
-    if limit.max_concurrent_streams is not None:
-        slot = Slot(limit.pk, int(limit.max_concurrent_streams), scope)
-    return bucket, slot

@@ -1,5 +1,5 @@
-"""The response cache: an exact-match answer to a single-turn question, replayed without
-calling the tier.
+"""What the response cache keeps: a single-turn question's answer, under a key naming
+everything the answer depends on, replayed without calling the tier.
 
 The key (:func:`response_cache_key`) is a SHA-256 of everything the answer depends on:
 the team, the index version of every collection searched (an ingest or a delete moves it,
@@ -7,7 +7,7 @@ so older entries miss), the question normalized (Unicode case-folded, runs of wh
 made one space, ends stripped), the alias that serves, ``max_tokens``, the sampling
 parameters, the client's instructions, the search (mode, filters, ``top_k``) and whether
 reasoning is streamed. What is stored is the answer's events (citations, deltas, finish
-reason), in the store of :mod:`apps.chat.response_cache` (Redis or the database,
+reason), in the store the settings choose (:mod:`.store`: Redis or the database,
 encrypted at rest).
 """
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -24,11 +24,13 @@ from django.db import DatabaseError
 from redis.exceptions import RedisError
 
 from apps.accounts.models import Team
-from apps.chat.response_cache import response_cache, response_cache_ttl
+from apps.chat.response_cache.base import response_cache_ttl
+from apps.chat.response_cache.store import response_cache
 from apps.core.crypto import InvalidToken
 from apps.knowledge.selectors import collection_list_readable
 from apps.knowledge.services import SearchFilters
 from apps.usage import metrics
+from inference import Event, Finished, ReasoningDelta, TextDelta
 
 logger = logging.getLogger(__name__)
 
@@ -123,3 +125,12 @@ async def cached_answer_put(*, team: Team, key: str, answer: CachedAnswer) -> No
         await response_cache().put(team_id=team.pk, key=key, payload=answer.dumps(), ttl=ttl)
     except (RedisError, DatabaseError, TimeoutError) as exc:
         logger.warning("response cache not written: %r", exc)
+
+
+async def cached_answer_events(cached: CachedAnswer) -> AsyncIterator[Event]:
+    """A cached answer as the tier's events: its reasoning, its deltas, how it finished."""
+    for text in cached.reasoning:
+        yield ReasoningDelta(text)
+    for text in cached.text:
+        yield TextDelta(text)
+    yield Finished(cached.finish_reason)

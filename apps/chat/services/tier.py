@@ -1,10 +1,8 @@
-"""Model aliases (``small``, ``large``, ``auto``) → the registry entry that serves them,
-the upstreams in the order to try them, and the fair queue and circuit breaker in front
-of each upstream.
+"""The inference tier as the answers meet it: the context window each model reports, the
+upstreams an answer goes to in the order to try them, a client per upstream, and the fair
+queue and circuit breaker in front of each upstream.
 
-The registry is read from settings once (``INFERENCE_MODELS``, else today's
-``INFERENCE_BASE_URL`` and ``MODEL_*`` settings as one entry per alias) and read again
-only when a setting changes (tests).
+Which alias names which registry entry is :mod:`.registry`.
 """
 
 from __future__ import annotations
@@ -16,15 +14,22 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
-from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 from django.utils.crypto import salted_hmac
 from redis.exceptions import RedisError
 
 from apps.accounts.models import Team
+from apps.chat.services.registry import (
+    AUTO,
+    ModelChoice,
+    ModelSpec,
+    auto_entries,
+    model_alias_resolve,
+    model_registry,
+)
 from apps.core.aio import loop_cached, redis_client
-from apps.core.exceptions import InvalidRequest, NotFound, UpstreamError
+from apps.core.exceptions import UpstreamError
 from apps.usage import metrics
 from inference import (
     BreakerPolicy,
@@ -39,136 +44,12 @@ from inference import (
     QueueFull,
     RedisBreakerStore,
     RedisScheduler,
-    Registry,
-    RegistryError,
     Retry,
     Scheduler,
     Target,
     Timeouts,
-    Tokenizer,
-    TokenizerSpec,
-    registry_parse,
     rendezvous_order,
 )
-
-AUTO = "auto"
-AUTO_ALIASES = ("small", "large")
-"""What ``auto`` routes between: the first for prompts up to
-``ROUTER_SMALL_MAX_PROMPT_TOKENS`` tokens, the second beyond."""
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """A registry entry with its context window known (read from the tier if need be)."""
-
-    entry: ModelEntry
-    context_window: int
-
-    @property
-    def alias(self) -> str:
-        return self.entry.alias
-
-    @property
-    def served_name(self) -> str:
-        return self.entry.model
-
-    @property
-    def max_output_tokens(self) -> int:
-        return self.entry.max_output_tokens
-
-    @property
-    def reasoning_opened(self) -> bool:
-        return self.entry.reasoning_opened
-
-    @property
-    def tokenizer(self) -> Tokenizer:
-        return self.entry.tokenizer.load()
-
-
-@dataclass(frozen=True)
-class ModelChoice:
-    """What a request asked for (``requested``, as named: ``auto`` stays ``auto``) and the
-    aliases that may serve it, in order of preference: one, or two for ``auto``."""
-
-    requested: str
-    candidates: tuple[ModelSpec, ...]
-
-    @property
-    def routed(self) -> bool:
-        return len(self.candidates) > 1
-
-
-@functools.cache
-def model_registry() -> Registry:
-    """The registry (read once; again after a setting changes)."""
-    try:
-        if settings.INFERENCE_MODELS:
-            return registry_parse(
-                settings.INFERENCE_MODELS,
-                default=settings.DEFAULT_MODEL_ALIAS,
-                data_dir=settings.DATA_DIR,
-            )
-        return _registry_from_aliases()
-    except RegistryError as exc:
-        raise ImproperlyConfigured(f"INFERENCE_MODELS: {exc}") from exc
-
-
-def _registry_from_aliases() -> Registry:
-    """Today's settings as a registry: every alias on ``INFERENCE_BASE_URL``, one
-    tokenizer, prices from ``MODEL_PRICES``."""
-    tokenizer = TokenizerSpec(
-        settings.TOKENIZER_BACKEND, tuple(sorted(settings.TOKENIZER_OPTIONS.items()))
-    )
-    upstream = settings.INFERENCE_BASE_URL.rstrip("/")
-    entries = {
-        alias: ModelEntry(
-            alias=alias,
-            upstreams=(upstream,),
-            model=str(config["served_name"]),
-            tokenizer=tokenizer,
-            context_window=int(str(config["context_window"]))
-            if config.get("context_window")
-            else None,
-            max_output_tokens=int(str(config["max_output_tokens"])),
-            api_key=settings.INFERENCE_API_KEY or None,
-            reasoning_opened=bool(config.get("reasoning_opened", False)),
-            server=settings.INFERENCE_SERVER,
-        )
-        for alias, config in settings.MODEL_ALIASES.items()
-    }
-    return Registry(entries=entries, default=settings.DEFAULT_MODEL_ALIAS)
-
-
-@receiver(setting_changed)
-def _settings_changed(**_: Any) -> None:
-    model_registry.cache_clear()
-    _local_breakers.cache_clear()
-
-
-def model_aliases() -> list[str]:
-    return [*model_registry().entries, AUTO]
-
-
-def model_alias_resolve(*, alias: str | None) -> ModelEntry:
-    """The entry for ``alias`` (none: the default; ``auto``: the first it routes to)."""
-    registry = model_registry()
-    if alias in (None, ""):
-        return registry.entries[registry.default]
-    if alias == AUTO:
-        return _auto_entries(registry)[0]
-    entry = registry.get(alias)
-    if entry is None:
-        raise NotFound(
-            f"The model {alias!r} does not exist; use one of {model_aliases()}.",
-            code="model_not_found",
-            param="model",
-        )
-    return entry
-
-
-def _auto_entries(registry: Registry) -> list[ModelEntry]:
-    found = [entry for alias in AUTO_ALIASES if (entry := registry.get(alias)) is not None]
-    return found or [registry.entries[registry.default]]
 
 
 async def model_resolve(*, alias: str | None) -> ModelSpec:
@@ -181,7 +62,7 @@ async def model_choose(*, alias: str | None) -> ModelChoice:
     """What may serve a request naming ``alias``: that alias, or for ``auto`` the small
     and the large model (answer preparation picks by the prompt's size)."""
     registry = model_registry()
-    entries = _auto_entries(registry) if alias == AUTO else [model_alias_resolve(alias=alias)]
+    entries = auto_entries(registry) if alias == AUTO else [model_alias_resolve(alias=alias)]
     specs = tuple([await _spec(entry) for entry in entries])
     return ModelChoice(requested=alias or registry.default, candidates=specs)
 
@@ -221,41 +102,6 @@ async def tier_context_window(entry: ModelEntry) -> int:
     )
 
 
-def output_tokens_resolve(
-    *, spec: ModelSpec, max_tokens: int | None, cap: int | None = None
-) -> int:
-    """``max_tokens`` checked against the model's cap and the caller's limit (``cap``);
-    the tighter of the two when none is asked."""
-    allowed = spec.max_output_tokens if cap is None else min(cap, spec.max_output_tokens)
-    if max_tokens is None:
-        return allowed
-    if max_tokens > allowed:
-        whose = spec.alias if allowed == spec.max_output_tokens else "your token limit"
-        raise InvalidRequest(
-            f"max_tokens is {max_tokens}; {whose} allows at most {allowed}.",
-            code="max_tokens_too_large",
-            param="max_tokens",
-        )
-    return max_tokens
-
-
-def tokenizer(alias: str | None = None) -> Tokenizer:
-    """The tokenizer of the model ``alias`` names (loaded once per process, on first use)."""
-    return model_alias_resolve(alias=alias).tokenizer.load()
-
-
-@dataclass(frozen=True)
-class TokenCount:
-    model: str
-    tokens: int
-
-
-def text_count(*, alias: str | None, text: str) -> TokenCount:
-    """``text``'s tokens with the tokenizer of the model ``alias`` names."""
-    entry = model_alias_resolve(alias=alias)
-    return TokenCount(model=entry.alias, tokens=entry.tokenizer.load().count(text) if text else 0)
-
-
 def route_targets(
     *, spec: ModelSpec, request: ChatRequest, affinity: str, cache_salt: str
 ) -> list[Target]:
@@ -263,7 +109,7 @@ def route_targets(
     hashing on ``affinity`` (a conversation keeps its upstream, and the upstream's prefix
     cache), then its fallback alias's, and so on. Each request to a server that takes one
     carries the team's ``cache_salt`` (:func:`cache_salt_derive`)."""
-    targets = []
+    targets: list[Target] = []
     for entry in model_registry().chain(spec.alias):
         entry_request = request.for_model(
             model=entry.model,
@@ -380,6 +226,11 @@ def breaker() -> CircuitBreaker:
 @functools.cache
 def _local_breakers() -> LocalBreakerStore:
     return LocalBreakerStore()
+
+
+@receiver(setting_changed)
+def _settings_changed(**_: Any) -> None:
+    _local_breakers.cache_clear()
 
 
 @loop_cached

@@ -1,0 +1,73 @@
+"""What a caller asks of one answer: the one value :func:`.prepare.answer_prepare` takes.
+
+Each surface's input serializer builds it (``InputSerializer.to_request``), so the answer
+path reads no request body and neither surface spells out its fields. Frozen: preparing
+an answer reads it, never changes it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from apps.accounts.selectors import Caller
+from apps.chat.services.registry import ModelChoice
+from apps.knowledge.services import DEFAULT_SEARCH_MODE, SearchFilters, SearchMode
+from inference import ChatMessage
+
+SAMPLING = "sampling"
+
+
+def sampling_field() -> Any:
+    """A sampling parameter of :class:`AnswerRequest` (``temperature``, ``top_p``, …).
+    None leaves the tier's default; a value set goes to the tier under the field's name
+    and into the response cache's key (:attr:`AnswerRequest.sampling`)."""
+    return field(default=None, metadata={SAMPLING: True})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AnswerRequest:
+    """One question, with everything the caller chose about how it is answered: what it
+    follows, what is searched, what is generated, what is kept."""
+
+    caller: Caller
+    model: ModelChoice
+    """The alias named, or for ``auto`` the models it routes between."""
+    content: str
+    """The question: the last user message."""
+    conversation: int | None = None
+    """The id of one of the caller's conversations (another team's is a 404), or None for
+    a new one, written with the messages."""
+    history: tuple[ChatMessage, ...] | None = None
+    """Replaces the conversation's stored turns (the OpenAI-compatible surface sends its
+    own); None: the stored turns, if any."""
+    instructions: str = ""
+    """A client's system message: it follows the system prompt."""
+
+    rag: bool = True
+    collection_ids: tuple[int, ...] | None = None
+    """The collections searched; None: the conversation's, else every one the caller may
+    read."""
+    top_k: int = 5
+    search_mode: SearchMode = DEFAULT_SEARCH_MODE
+    search_filters: SearchFilters | None = None
+    """``mode`` and ``filters`` of :func:`apps.knowledge.services.chunk_search`."""
+
+    max_tokens: int | None = None
+    want_reasoning: bool = False
+    # Sampling parameters follow, one line each: ``name: type | None = sampling_field()``.
+
+    store: bool = True
+    """False (a new conversation only): nothing of the exchange is kept but its usage row."""
+    cache: bool = True
+    """False skips the response cache; it applies only to single-turn questions."""
+
+    @property
+    def sampling(self) -> dict[str, Any]:
+        """The sampling parameters the caller set, by name (empty: the tier's defaults)."""
+        chosen = (
+            (spec.name, getattr(self, spec.name))
+            for spec in fields(self)
+            if SAMPLING in spec.metadata
+        )
+        return {name: value for name, value in chosen if value is not None}

@@ -1,0 +1,146 @@
+"""Settle: replace a reservation with what was really used, exactly once; and the periodic
+job that releases what crashed processes left held and reconciles Redis with the record."""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+from typing import cast
+
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from apps.core.group_commit import budget_writer
+from apps.usage import metrics, statements
+from apps.usage.budgets.counters import counter_record
+from apps.usage.budgets.holds import (
+    Hold,
+    holds,
+    reservation_buckets,
+    reservation_quota_keys,
+    reservation_slots,
+)
+from apps.usage.limiters import LimiterUnavailable, QuotaKey, RedisLimiter, limiter
+from apps.usage.models import QuotaCounter, Reservation
+
+logger = logging.getLogger(__name__)
+
+
+def budget_settle(*, reservation: Reservation, actual: int, now: datetime | None = None) -> None:
+    """Replace the reservation with ``actual`` tokens: refund (or charge) the difference.
+
+    Exactly once: a settled reservation is left alone. Call inside the transaction that
+    writes the usage row; outside one, it commits with the settlements of other threads
+    (:data:`apps.core.group_commit.budget_writer`). A Redis reservation whose row is not
+    written yet is written here first; its Redis refund runs in the same transaction
+    (marked pending if Redis is down, for the periodic job to retry).
+    """
+    budget_writer.run(_settle, reservation, actual, now or timezone.now())
+
+
+def _settle(reservation: Reservation, actual: int, now: datetime) -> None:
+    """Called through the one writer, in a savepoint of its own (all or nothing)."""
+    held = holds.get(reservation.token)
+    remote = reservation.store != Reservation.Store.DATABASE
+    if held is not None and held.deferred:
+        statements.reservation_insert(reservation)
+    tokens = statements.reservation_claim(reservation, now=now, actual=actual)
+    if tokens is None:
+        return
+    difference = tokens - actual
+    # Counters charged at admission (by id: the database store, and Redis reservations
+    # from before Redis counted quotas) give the difference back.
+    charged = [c for c in reservation.counters if isinstance(c, int)]
+    statements.quota_refund(charged, tokens=difference)
+    if not remote:
+        limiter("database").release(
+            token=reservation.token,
+            buckets=held.buckets if held is not None else reservation_buckets(reservation),
+            slots=held.slots if held is not None else reservation_slots(reservation),
+            difference=difference,
+            now=now,
+        )
+    else:
+        # Under the counters' row locks until commit, so the periodic reconciliation
+        # sees this settlement in both places or in neither.
+        for key in reservation_quota_keys(reservation):
+            counter_record(key, actual)
+        if not _release_remote(reservation, held, difference=difference, actual=actual, now=now):
+            Reservation.objects.filter(pk=reservation.pk).update(remote_pending=True)
+    if held is not None:
+        held.settled = True
+    metrics.SETTLEMENTS.labels(reservation.kind).inc()
+
+
+def _release_remote(
+    reservation: Reservation, held: Hold | None, *, difference: int, actual: int, now: datetime
+) -> bool:
+    """Give a settled reservation's tokens and slot back to Redis and turn its quota holds
+    into ``actual``; False if Redis is down. Redis does this once per reservation only."""
+    try:
+        cast(RedisLimiter, limiter(Reservation.Store.REDIS)).release(
+            token=reservation.token,
+            buckets=held.buckets if held is not None else reservation_buckets(reservation),
+            slots=held.slots if held is not None else reservation_slots(reservation),
+            difference=difference,
+            now=now,
+            quotas=reservation_quota_keys(reservation),
+            actual=actual,
+        )
+    except LimiterUnavailable as exc:
+        logger.warning("reservation %s: Redis refund deferred: %s", reservation.pk, exc)
+        return False
+    return True
+
+
+def reservations_release_expired(*, now: datetime | None = None) -> int:
+    """Release reservations whose holder died before settling (their tokens were never
+    used as far as anyone can tell), retry Redis refunds that were deferred, and
+    reconcile Redis's quota counters with the database."""
+    now = now or timezone.now()
+    released = 0
+    for reservation in Reservation.objects.filter(settled_at__isnull=True, expires_at__lt=now):
+        budget_settle(reservation=reservation, actual=0, now=now)
+        released += 1
+    for reservation in Reservation.objects.filter(remote_pending=True):
+        actual = int(reservation.actual_tokens or 0)
+        if not _release_remote(
+            reservation,
+            None,
+            difference=reservation.tokens - actual,
+            actual=actual,
+            now=reservation.settled_at or now,
+        ):
+            break  # still down: the next run tries again
+        Reservation.objects.filter(pk=reservation.pk).update(remote_pending=False)
+    quotas_reconcile(now=now)
+    return released
+
+
+def quotas_reconcile(*, now: datetime | None = None) -> int:
+    """Redis's quota counters := the database's record (what settled) plus the holds of
+    open reservations, holds past their expiry dropped (a process died before writing
+    its reservation, or before settling it). Each counter's row is locked meanwhile, so a
+    settlement lands before or after, never half. Returns the counters reconciled."""
+    now = now or timezone.now()
+    store = limiter()
+    if not isinstance(store, RedisLimiter):
+        return 0
+    today = now.date()
+    recent = QuotaCounter.objects.filter(
+        Q(period="day", starts_on__gte=today - timedelta(days=1))
+        | Q(period="month", starts_on__gte=today - timedelta(days=32))
+    )
+    done = 0
+    for counter_id in recent.values_list("pk", flat=True):
+        with transaction.atomic():
+            counter = QuotaCounter.objects.select_for_update().get(pk=counter_id)
+            key = QuotaKey(counter.limit_id, counter.period, counter.starts_on)
+            try:
+                store.quota_used(key, now, record=counter.used)
+            except LimiterUnavailable as exc:
+                logger.warning("quota reconciliation deferred: %s", exc)
+                return done
+        done += 1
+    return done

@@ -1,0 +1,66 @@
+"""The limits that apply to a caller, read from the database or from a short cache."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+from time import monotonic
+
+from django.conf import settings
+from django.db.models import Q, QuerySet, signals
+
+from apps.accounts.models import ApiKey, Team
+from apps.usage.models import Limit
+
+
+def limits_of(*, team: Team, api_key: ApiKey | None) -> QuerySet[Limit]:
+    """The limits that apply to a caller: the team's, and the key's when there is one."""
+    if api_key is None:
+        return Limit.objects.filter(team=team, api_key__isnull=True)
+    return Limit.objects.filter(Q(team=team, api_key__isnull=True) | Q(api_key=api_key))
+
+
+class LimitsCache:
+    """The limits of each caller (team, key) as read in the last ``LIMITS_CACHE_SECONDS``
+    (5 by default; 0 turns it off), so that an answer reads none before its first token.
+    A limit saved or deleted in this process applies at once (the cache is cleared); one
+    changed in another process, within the cache time, like a key's revocation. Bounded:
+    past ``max_entries`` callers it starts afresh."""
+
+    def __init__(
+        self, *, max_entries: int = 10_000, clock: Callable[[], float] = monotonic
+    ) -> None:
+        self.max_entries = max_entries
+        self.clock = clock
+        self._entries: dict[tuple[int, int | None], tuple[float, list[Limit]]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, *, team: Team, api_key: ApiKey | None) -> list[Limit]:
+        ttl: float = settings.LIMITS_CACHE_SECONDS
+        key = (team.pk, api_key.pk if api_key is not None else None)
+        now = self.clock()
+        entry = self._entries.get(key)
+        if entry is not None and now - entry[0] < ttl:
+            return entry[1]
+        limits = list(limits_of(team=team, api_key=api_key))
+        if ttl > 0:
+            with self._lock:
+                if len(self._entries) >= self.max_entries:
+                    self._entries.clear()
+                self._entries[key] = (now, limits)
+        return limits
+
+    def clear(self, **_: object) -> None:
+        with self._lock:
+            self._entries.clear()
+
+
+limits_cache = LimitsCache()
+signals.post_save.connect(limits_cache.clear, sender=Limit, weak=False)
+signals.post_delete.connect(limits_cache.clear, sender=Limit, weak=False)
+
+
+def max_tokens_cap(*, limits: Iterable[Limit]) -> int | None:
+    """The tightest ``max_tokens`` cap of a caller's limits; None when there is none."""
+    known = [int(limit.max_tokens) for limit in limits if limit.max_tokens is not None]
+    return min(known) if known else None
