@@ -3,6 +3,8 @@ Django buffers the body), its sync code on pooled threads. Importing it starts a
 process: the models are loaded and the startup heap frozen before the server listens
 (apps.site.warmup)."""
 
+from typing import cast
+
 from django.conf import settings
 from django.core import signals
 from django.core.asgi import get_asgi_application
@@ -21,9 +23,11 @@ django_application = get_asgi_application()
 signals.request_started.disconnect(close_old_connections)
 signals.request_started.disconnect(reset_queries)
 
-from apps.core.asgi import BodySizeLimit, LentThreads, StaticFiles  # noqa: E402  (settings)
+from apps.core.asgi import ASGIApp, BodySizeLimit, LentThreads, StaticFiles  # noqa: E402
 from apps.site.warmup import web_process_start  # noqa: E402
 
-threads = LentThreads(django_application, idle=settings.DATABASE_THREADS)
+# django-stubs type the handler's scope as a dict and its send as taking any Mapping; it
+# is an ASGI application like any other.
+threads = LentThreads(cast(ASGIApp, django_application), idle=settings.DATABASE_THREADS)
 application = StaticFiles(BodySizeLimit(threads))
 web_process_start()

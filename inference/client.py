@@ -67,7 +67,8 @@ class Retry:
 
 @functools.cache
 def _ssl_context() -> ssl.SSLContext:
-    """Built once: loading the CA bundle costs 20-40 ms, on the event loop, per client."""
+    """Built once: loading the CA bundle is slow, on the event loop, per client (see
+    docs/gateway.md)."""
     return ssl.create_default_context()
 
 
@@ -109,7 +110,7 @@ class OpenAIClient:
         )
         # What every generation request carries, made once: the answer's request goes
         # straight to the transport (httpx's URL and header merging and its send() chain
-        # cost 0.15-0.2 ms here, before the first token, for nothing a chat stream uses).
+        # cost time before the first token for nothing a chat stream uses; docs/gateway.md).
         self._chat_url = self._http.base_url.join("chat/completions")
         self._chat_headers = [
             *self._http.headers.multi_items(),

@@ -100,8 +100,7 @@ def assemble_prompt(
     """
     budget = context_window - max_output_tokens
     char_budget = budget * max_chars_per_token
-    escape = tokenizer.escape
-    system, question = escape(system), escape(question)
+    system, question = tokenizer.escape(system), tokenizer.escape(question)
     fixed_chars = len(system) + len(question)
     if fixed_chars > char_budget:
         raise ContextLengthExceeded(
@@ -110,33 +109,91 @@ def assemble_prompt(
             f"{max_output_tokens} kept for the answer, room for at most {char_budget} "
             f"characters ({max_chars_per_token} a token)."
         )
-    turns: list[ChatMessage] = [
-        {"role": m["role"], "content": escape(m["content"])} for m in history
-    ]
-    rendered = [escape(render_passage(n, p)) for n, p in enumerate(passages, start=1)]
-
-    def build(kept_history: int, kept_passages: int) -> list[ChatMessage]:
-        recent = turns[len(turns) - kept_history :] if kept_history else []
-        final = _fence(rendered[:kept_passages]) + question
-        return [{"role": "system", "content": system}, *recent, {"role": "user", "content": final}]
-
-    bare = tokenizer.count_chat(build(0, 0))
+    parts = _Parts.escaped(tokenizer, system, question, history=history, passages=passages)
+    bare = tokenizer.count_chat(parts.messages(0, 0))
     if bare > budget:
         raise ContextLengthExceeded(
             f"The question needs {bare} tokens with the system prompt; the model's context "
             f"window is {context_window} tokens with {max_output_tokens} kept for the answer."
         )
-    # Every (history kept, passages kept) the fit may stop at, most kept first: passages
-    # dropped lowest-ranked first, then the oldest exchange (a history never starts with
-    # an assistant turn) down to none. The last one is the bare prompt, which fits.
-    states = [(len(turns), k) for k in range(len(rendered), -1, -1)]
-    kept = len(turns)
+    states = _drop_order(len(parts.turns), len(parts.rendered))
+    first, prompt_tokens = _fit(
+        tokenizer, parts, states, budget=budget, char_budget=char_budget, bare=bare
+    )
+    kept_history, kept_passages = states[first]
+    return Prompt(
+        parts.messages(kept_history, kept_passages),
+        prompt_tokens,
+        list(passages[:kept_passages]),
+        kept_history,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Parts:
+    """The prompt's contents, escaped once, from which each candidate is built."""
+
+    system: str
+    question: str
+    turns: list[ChatMessage]
+    rendered: list[str]
+    """The passages rendered and escaped, in rank order."""
+
+    @classmethod
+    def escaped(
+        cls,
+        tokenizer: Tokenizer,
+        system: str,
+        question: str,
+        *,
+        history: Sequence[ChatMessage],
+        passages: Sequence[Passage],
+    ) -> _Parts:
+        """``system`` and ``question`` come escaped already; history and passages here."""
+        escape = tokenizer.escape
+        turns: list[ChatMessage] = [
+            {"role": m["role"], "content": escape(m["content"])} for m in history
+        ]
+        rendered = [escape(render_passage(n, p)) for n, p in enumerate(passages, start=1)]
+        return cls(system, question, turns, rendered)
+
+    def messages(self, kept_history: int, kept_passages: int) -> list[ChatMessage]:
+        recent = self.turns[len(self.turns) - kept_history :] if kept_history else []
+        final = _fence(self.rendered[:kept_passages]) + self.question
+        return [
+            {"role": "system", "content": self.system},
+            *recent,
+            {"role": "user", "content": final},
+        ]
+
+
+def _drop_order(turns: int, passages: int) -> list[tuple[int, int]]:
+    """Every (history kept, passages kept) the fit may stop at, most kept first: passages
+    dropped lowest-ranked first, then the oldest exchange (a history never starts with an
+    assistant turn) down to none. The last one is the bare prompt."""
+    states = [(turns, k) for k in range(passages, -1, -1)]
+    kept = turns
     while kept:
         kept -= 2 if kept >= 2 else 1
         states.append((kept, 0))
+    return states
+
+
+def _fit(
+    tokenizer: Tokenizer,
+    parts: _Parts,
+    states: Sequence[tuple[int, int]],
+    *,
+    budget: int,
+    char_budget: int,
+    bare: int,
+) -> tuple[int, int]:
+    """The first of ``states`` whose prompt fits ``budget``, and its token count. The last
+    state, the bare prompt of ``bare`` tokens, fits."""
     last = len(states) - 1
-    history_chars = [0, *accumulate(len(m["content"]) for m in reversed(turns))]
-    passage_chars = [0, *accumulate(len(r) for r in rendered)]
+    fixed_chars = len(parts.system) + len(parts.question)
+    history_chars = [0, *accumulate(len(m["content"]) for m in reversed(parts.turns))]
+    passage_chars = [0, *accumulate(len(r) for r in parts.rendered)]
 
     def within_chars(i: int) -> bool:
         kept_history, kept_passages = states[i]
@@ -146,19 +203,13 @@ def assemble_prompt(
     counts = {last: bare}
 
     def fits(i: int) -> bool:
-        counts[i] = tokenizer.count_chat(build(*states[i]))
+        counts[i] = tokenizer.count_chat(parts.messages(*states[i]))
         return counts[i] <= budget
 
     first = _first_true(0, last, within_chars)  # no tokenizer: too long to fit anyway
     if first < last and not fits(first):
         first = _first_true(first + 1, last, fits)
-    kept_history, kept_passages = states[first]
-    return Prompt(
-        build(kept_history, kept_passages),
-        counts[first],
-        list(passages[:kept_passages]),
-        kept_history,
-    )
+    return first, counts[first]
 
 
 def _first_true(low: int, high: int, predicate: Callable[[int], bool]) -> int:

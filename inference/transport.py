@@ -2,9 +2,8 @@
 inference client talks to the tier through.
 
 A tier streams each token as its own HTTP chunk. httpx's own transport (httpcore and h11,
-pure Python) decodes and yields those chunks one at a time, and a request costs it several
-hundred microseconds more than aiohttp: measured here side by side, about 10 µs of CPU per
-chunk against 1.3 µs, and 0.9 ms against 0.2 ms per short streamed request. Through this
+pure Python) decodes and yields those chunks one at a time, and costs several times
+aiohttp's CPU per chunk and per request (measured side by side: docs/gateway.md). Through this
 transport every read of the body returns all that has arrived since the one before, so an
 answer that falls behind catches up a batch at a time; aiohttp's buffer is the read-ahead,
 and past it TCP's flow control reaches the tier.
@@ -138,7 +137,7 @@ class _Body(httpx.AsyncByteStream):
     between a chunk and the next request for one, what arrives stays in the socket, so a
     consumer that holds its reads (the client's ``read_interval``) gets the tokens that
     came meanwhile in one read of the socket, not in a wake-up, a parse and a timer reset
-    per token (a client's CPU per streamed answer: 11.7-12.1 -> 9.7-10.4 ms at 8 streams).
+    per token (what that saves a streamed answer: docs/gateway.md).
     Such a consumer times its reads itself: aiohttp's read timeout, which would count the
     consumer's own time as the tier's silence, ends at the headers."""
 

@@ -4,6 +4,8 @@ indexes, and their fusion.
 Nothing here imports Django; the apps call this package, never the reverse.
 """
 
+from retrieval.analysis import KeywordQuery, keyword_query, keyword_tokens
+from retrieval.bm25 import KeywordSearcher
 from retrieval.bounded import parse_document_bounded
 from retrieval.chunking import Chunk, chunk_document, embedding_text
 from retrieval.embedders import (
@@ -31,13 +33,7 @@ from retrieval.index import (
     kind_for_size,
     set_search_threads,
 )
-from retrieval.keyword import (
-    KeywordIndex,
-    KeywordQuery,
-    KeywordSearcher,
-    keyword_query,
-    keyword_tokens,
-)
+from retrieval.keyword import KeywordIndex
 from retrieval.parsing import (
     MEDIA_TYPES,
     Block,
@@ -46,7 +42,8 @@ from retrieval.parsing import (
     parse_document,
     pdf_page_count,
 )
-from retrieval.store import IndexState, IndexStore, Segment, SegmentedIndex, remove_entry
+from retrieval.segments import IndexState, Segment, SegmentedIndex
+from retrieval.store import IndexStore, remove_entry
 
 __all__ = [
     "FUSION_DEPTH",

@@ -129,7 +129,7 @@ def _split(
     """A paragraph as one unit if it fits, else as sentences, else as word windows.
 
     Every character is counted a bounded number of times, so the work is linear in the
-    paragraph's length whatever its shape (one 1 MiB "word" was quadratic).
+    paragraph's length whatever its shape, one long "word" included (docs/abuse.md).
     """
     whole = _cost(text, count_tokens)
     if whole <= budget:

@@ -5,14 +5,13 @@ An index maps chunk ids (int64 database keys) to normalised vectors and answers 
 (cosine) searches. Three kinds share the one :class:`VectorIndex` contract:
 
 - ``flat``: exact; every query scans every vector. Delta segments are always flat.
-- ``hnsw``: a graph (M = 32); 0.17 ms a query at 100k vectors, but slow to build, and a
-  removal rebuilds it (graphs cannot drop nodes).
+- ``hnsw``: a graph (M = 32); fast to query, but slow to build, and a removal rebuilds it
+  (graphs cannot drop nodes).
 - ``ivf``: inverted lists over k-means cells (nlist = 4 sqrt(n)), trained when the index is
   built (see :func:`kind_for_size`), retrained once the collection has grown enough that the
   right nlist doubles; ``nprobe`` cells are scanned. The lists hold the vectors themselves
-  (IVF-Flat) by default; ``pq_m`` > 0 stores them as PQ codes instead (IVF-PQ, about 1/15 of
-  the memory at m = 96), which measured recall@10 0.64 against exact search here
-  (docs/scaling.md).
+  (IVF-Flat) by default; ``pq_m`` > 0 stores them as PQ codes instead (IVF-PQ, a fraction of
+  the memory at a recall well below exact search's: docs/scaling.md).
 
 Files are written atomically (temporary file, fsync, rename); :mod:`retrieval.store` says
 which files make up a collection's current index.

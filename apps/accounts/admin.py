@@ -24,21 +24,21 @@ from apps.core.audit import Actor
 from apps.core.exceptions import ApplicationError
 
 
-class MembershipInline(admin.TabularInline):
+class MembershipInline(admin.TabularInline[Membership, Team]):
     model = Membership
     extra = 0
     autocomplete_fields = ["user"]
 
 
 @admin.register(Team)
-class TeamAdmin(admin.ModelAdmin):
+class TeamAdmin(admin.ModelAdmin[Team]):
     list_display = ["name", "time_zone", "queue_weight", "retention_days", "created_at"]
     search_fields = ["name"]
     inlines = [MembershipInline]
     # apps/usage/admin.py extends this with the team's usage page.
 
 
-class ApiKeyForm(forms.ModelForm):
+class ApiKeyForm(forms.ModelForm[ApiKey]):
     # Checkboxes, at least one: an empty JSON list must not stand for every scope.
     scopes = forms.MultipleChoiceField(
         choices=Scope.choices,
@@ -61,7 +61,7 @@ class ApiKeyForm(forms.ModelForm):
 
 
 @admin.register(ApiKey)
-class ApiKeyAdmin(admin.ModelAdmin):
+class ApiKeyAdmin(admin.ModelAdmin[ApiKey]):
     form = ApiKeyForm
     list_display = [
         "prefix",

@@ -3,11 +3,12 @@ checks of destructive actions, which views make once they hold the object."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from rest_framework import exceptions, permissions
 from rest_framework.request import Request
 
+from apps.accounts.models import ApiKey
 from apps.accounts.selectors import TEAM_MANAGER_ROLES, Caller, caller_for, caller_role
 from apps.core.exceptions import PermissionDenied
 
@@ -26,7 +27,9 @@ class HasScope(permissions.BasePermission):
         if not required:
             return True
         scopes = _scopes_for(required, request.method or "")
-        caller = caller_for(user=request.user, api_key=request.auth)
+        # ApiKeyAuthentication's key, or None (a session); DRF's stubs assume its Token.
+        api_key = cast("ApiKey | None", request.auth)
+        caller = caller_for(user=request.user, api_key=api_key)
         if caller is None:
             if request.auth is None and not request.user.is_authenticated:
                 raise exceptions.NotAuthenticated()

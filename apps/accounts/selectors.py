@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from django.conf import settings
-from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.contrib.auth.models import AnonymousUser, User
 from django.db.models import Exists, OuterRef, QuerySet
 
 from apps.accounts.models import ApiKey, Membership, Scope, Team
@@ -36,7 +36,7 @@ class Caller:
     """Who is asking: the team every query is scoped to, and what they may do."""
 
     team: Team
-    user: AbstractBaseUser | None
+    user: User | None
     api_key: ApiKey | None
     scopes: frozenset[str]
 
@@ -169,9 +169,7 @@ def api_key_cache() -> ApiKeyCache:
     return ApiKeyCache()
 
 
-def caller_for(
-    *, user: AbstractBaseUser | AnonymousUser | None, api_key: ApiKey | None
-) -> Caller | None:
+def caller_for(*, user: User | AnonymousUser | None, api_key: ApiKey | None) -> Caller | None:
     """The caller of a request, or None when it carries no usable identity or team."""
     if api_key is not None:
         return Caller(api_key.team, api_key.user, api_key, frozenset(api_key.scopes))
@@ -190,7 +188,7 @@ def team_get_by_name(*, name: str) -> Team | None:
     return Team.objects.filter(name=name).first()
 
 
-def membership_role(*, team: Team, user: AbstractBaseUser | None) -> str | None:
+def membership_role(*, team: Team, user: User | None) -> str | None:
     """The user's role in ``team``, or None when they are not a member (or no user)."""
     if user is None or not user.is_authenticated:
         return None

@@ -8,7 +8,7 @@ import secrets
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db import transaction
 from django.utils import timezone
 
@@ -60,18 +60,14 @@ def team_create(*, name: str, time_zone: str = "UTC") -> Team:
     return Team.objects.create(name=name, time_zone=time_zone)
 
 
-def membership_add(
-    *, team: Team, user: AbstractBaseUser, role: str = Membership.Role.MEMBER
-) -> Membership:
+def membership_add(*, team: Team, user: User, role: str = Membership.Role.MEMBER) -> Membership:
     membership, _ = Membership.objects.update_or_create(
         team=team, user=user, defaults={"role": role}
     )
     return membership
 
 
-def api_key_validate(
-    *, team: Team, user: AbstractBaseUser | None, expires_at: datetime | None
-) -> None:
+def api_key_validate(*, team: Team, user: User | None, expires_at: datetime | None) -> None:
     """What a new key must satisfy beyond its scopes (the admin's form checks it too)."""
     if user is not None and not Membership.objects.filter(team=team, user=user).exists():
         raise InvalidRequest(
@@ -96,7 +92,7 @@ def api_key_create(
     team: Team,
     name: str = "",
     scopes: list[str] | None = None,
-    user: AbstractBaseUser | None = None,
+    user: User | None = None,
     expires_at: datetime | None = None,
     actor: Actor = SYSTEM,
     parent: ApiKey | None = None,

@@ -45,7 +45,8 @@ def feed_channel(url: str) -> str:
     """The channel of the event store at ``url``. Pub/sub is one namespace for a whole
     Redis server, whatever the database: the database's number keeps the announcements of
     deployments (and test runs) that share a server apart, as their message ids are not."""
-    return f"{FEED_CHANNEL_PREFIX}{parse_url(url).get('db', 0)}"
+    db = parse_url(url).get("db", 0)  # type: ignore[no-untyped-call]
+    return f"{FEED_CHANNEL_PREFIX}{db}"
 
 
 def announcement(message_ids: Iterable[int]) -> bytes:

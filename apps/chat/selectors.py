@@ -41,15 +41,20 @@ def conversation_history(
 ) -> tuple[Conversation, list[ChatMessage]]:
     """The team's conversation (another team's is a 404) and its most recent completed
     turns, at most ``limit`` messages, oldest first and starting with a question: the one
-    read an answer makes before the tier is called, in one query. Through the ORM, the
-    conversation and then its messages took 0.85 ms here with no message, 3.1 ms with 40
-    (compiling SQL and building model instances, most of it); this takes 0.03 and 0.8 ms
-    (decrypting the 40, most of it). The conversation comes with ``collection_ids``; its
-    other fields load when read, as after ``only()``."""
+    read an answer makes before the tier is called, in one query: through the ORM, compiling
+    the SQL and building model instances cost more than the read (docs/gateway.md). The
+    conversation comes with ``collection_ids``; its other fields load when read, as after
+    ``only()``."""
     conversations, messages = Conversation._meta, Message._meta
     tables = {"conversations": conversations.db_table, "messages": messages.db_table}
     sql = _HISTORY_SQL.format(**tables)
-    params = [conversation_id, Message.Status.STREAMING, limit, conversation_id, team.pk]
+    params: list[int | str] = [
+        conversation_id,
+        Message.Status.STREAMING,
+        limit,
+        conversation_id,
+        team.pk,
+    ]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         rows = cursor.fetchall()
@@ -57,16 +62,18 @@ def conversation_history(
         raise NotFound(f"No conversation {conversation_id}.")
     collection_ids = conversations.get_field("collection_ids")
     content = messages.get_field("content")
+    # No expression: JSONField reads one only to unwrap a key lookup.
+    collections = collection_ids.from_db_value(rows[0][0], None, connection)  # type: ignore[arg-type]
     conversation = Conversation.from_db(
         connection.alias,
         ["id", "team_id", "collection_ids"],
-        [conversation_id, team.pk, collection_ids.from_db_value(rows[0][0], None, connection)],
+        [conversation_id, team.pk, collections],
     )
     recent = [(role, text) for _, role, text in rows if role is not None]
     while recent and recent[-1][0] == Message.Role.ASSISTANT:
         recent.pop()  # a history starts with a question
     history: list[ChatMessage] = [
-        {"role": role, "content": content.from_db_value(text, None, connection)}
+        {"role": role, "content": content.from_db_value(text, None, connection) or ""}
         for role, text in reversed(recent)
     ]
     return conversation, history
@@ -96,8 +103,13 @@ def message_state(*, message_id: int) -> MessageState | None:
     )
     if row is None:
         return None
-    age = (timezone.now() - row.pop("created_at")).total_seconds()
-    return MessageState(**row, age_seconds=age)
+    age = (timezone.now() - row["created_at"]).total_seconds()
+    return MessageState(
+        status=row["status"],
+        finish_reason=row["finish_reason"],
+        error=row["error"],
+        age_seconds=age,
+    )
 
 
 def message_usage(*, message: Message) -> Usage:

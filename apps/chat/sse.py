@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import orjson
@@ -33,7 +33,7 @@ class EventStreamRenderer(BaseRenderer):
         self,
         data: Any,
         accepted_media_type: str | None = None,
-        renderer_context: dict[str, Any] | None = None,
+        renderer_context: Mapping[str, Any] | None = None,
     ) -> bytes:
         return json.dumps(data).encode()
 
@@ -103,9 +103,9 @@ async def with_pings(
     queued by the time the client has taken the last write goes out as one write: no
     delay when the stream is slow, far fewer writes when tokens come faster than the
     client reads. A frame put while the writer waits goes out before the producer reads
-    on (down to the tier, for the next token): the first token's 0.3-0.4 ms, bench/
-    gateway.py part 1. When the client leaves, the producer is cancelled (the generation
-    settles its usage) and awaited before this generator closes.
+    on (down to the tier, for the next token), so the first token is not delayed by the
+    read of the second (docs/gateway.md). When the client leaves, the producer is
+    cancelled (the generation settles its usage) and awaited before this generator closes.
     """
     queue: asyncio.Queue[bytes | _End] = asyncio.Queue(maxsize=backlog)
 

@@ -26,7 +26,15 @@ from apps.chat.services import (
     answer_events,
     answer_start,
 )
-from apps.chat.services.types import Delta, Done, Failed, Retrieved, Started, UsageReport
+from apps.chat.services.types import (
+    Citation,
+    Delta,
+    Done,
+    Failed,
+    Retrieved,
+    Started,
+    UsageReport,
+)
 from apps.chat.sse import event_stream_response, frame, frame_data, with_pings
 from apps.core.aio import db_call
 from apps.core.idempotency import idempotency_complete
@@ -115,7 +123,7 @@ class OpenAIWire:
             "object": "chat.completion.chunk",
             "created": int(time.time()),
         }
-        citations: list[dict[str, Any]] = []
+        citations: list[Citation] = []
         usage: Usage | None = None
 
         def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:

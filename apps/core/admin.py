@@ -7,7 +7,7 @@ from apps.core.models import AuditEvent
 
 
 @admin.register(AuditEvent)
-class AuditEventAdmin(admin.ModelAdmin):
+class AuditEventAdmin(admin.ModelAdmin[AuditEvent]):
     """Read-only: an audit log that its readers could edit would prove nothing."""
 
     list_display = ["created_at", "action", "actor", "team_name", "target"]

@@ -103,11 +103,11 @@ class AsyncApiView(APIView):
 
     Authentication, permissions and content negotiation are sync. For a known API key
     they read no database (the process's key cache), so they run on the loop: two thread
-    hops fewer before the first token (0.2-0.5 ms of the added time to first token, bench/
-    gateway.py part 1). Whatever does need the database (a key not cached yet, a session,
-    ``last_used_at`` once a minute) Django refuses on the loop, before any I/O, with
-    ``SynchronousOnlyOperation``; they then run again, whole, on the pool (what ran before
-    the refusal is safe to repeat: DRF sets the user only once authentication succeeds)."""
+    hops fewer before the first token (docs/gateway.md). Whatever does need the database
+    (a key not cached yet, a session, ``last_used_at`` once a minute) Django refuses on the
+    loop, before any I/O, with ``SynchronousOnlyOperation``; they then run again, whole, on
+    the pool (what ran before the refusal is safe to repeat: DRF sets the user only once
+    authentication succeeds)."""
 
     async def dispatch(  # type: ignore[override]
         self, request: HttpRequest, *args: Any, **kwargs: Any
@@ -144,4 +144,5 @@ class AsyncApiView(APIView):
             check = getattr(throttle, "aallow_request", None)
             allowed = await check(request, self) if check else throttle.allow_request(request, self)
             if not allowed:
-                self.throttled(request, throttle.wait())
+                # None when no wait is known, as DRF's own check passes; its stubs say float.
+                self.throttled(request, throttle.wait())  # type: ignore[arg-type]

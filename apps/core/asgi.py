@@ -220,8 +220,8 @@ class LentThreads:
 
     Django's handler gives each request an executor of its own: a new thread at the
     request's first sync call, and another to join it at the end, for every request,
-    an answer stream included (its response is closed on one). That was 15-20% of the web
-    process's CPU at 100 requests a second here (py-spy). The lent thread serves this
+    an answer stream included (its response is closed on one): a large share of the web
+    process's CPU (docs/gateway.md). The lent thread serves this
     request alone, one call at a time, as Django's would (a transaction may span calls),
     and goes back to the pool when the request ends; the pool keeps ``idle`` threads, and
     makes more while more requests run sync code at once.
@@ -272,9 +272,7 @@ class _Lent(Executor):
         self.thread: ThreadPoolExecutor | None = None
         self.last: Future[Any] | None = None
 
-    def submit(  # type: ignore[override]
-        self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs
-    ) -> Future[R]:
+    def submit(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
         if self.thread is None:
             self.thread = self.pool.take()
         self.last = self.thread.submit(fn, *args, **kwargs)

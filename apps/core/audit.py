@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.contrib.auth.models import AnonymousUser, User
 from django.http import HttpRequest
 
 from apps.accounts.models import Team
@@ -23,13 +23,13 @@ class Actor:
     """Who acted: a signed-in user, a key (with its user, if any), a command or a job."""
 
     label: str
-    user: AbstractBaseUser | None = None
+    user: User | None = None
 
     @classmethod
-    def of_user(cls, user: AbstractBaseUser | AnonymousUser | None) -> Actor:
+    def of_user(cls, user: User | AnonymousUser | None) -> Actor:
         if user is None or not user.is_authenticated:
             return cls("anonymous")
-        return cls(f"user {user.get_username()}", user)  # type: ignore[arg-type]
+        return cls(f"user {user.get_username()}", user)
 
     @classmethod
     def command(cls, name: str) -> Actor:
@@ -69,7 +69,7 @@ def _is_admin_login(request: HttpRequest | None) -> bool:
 
 
 def admin_login_record(
-    sender: Any, *, request: HttpRequest | None, user: AbstractBaseUser, **kwargs: Any
+    sender: Any, *, request: HttpRequest | None, user: User, **kwargs: Any
 ) -> None:
     """``user_logged_in`` receiver: a login through the admin's own login page."""
     if _is_admin_login(request):

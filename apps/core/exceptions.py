@@ -141,10 +141,19 @@ def error_response(
 
 def as_application_error(exc: Exception) -> ApplicationError | None:
     """Translate framework and library exceptions into domain errors; None if unknown."""
+    if isinstance(exc, ApplicationError):
+        return exc
+    for translate in (_dependency_error, _library_error, _framework_error):
+        error = translate(exc)
+        if error is not None:
+            return error
+    return None
+
+
+def _dependency_error(exc: Exception) -> ApplicationError | None:
+    """The database or Redis is unreachable, restarting or full: retry shortly."""
     match exc:
-        case ApplicationError():
-            return exc
-        case db.OperationalError() | db.InterfaceError():  # unreachable, restarting, full
+        case db.OperationalError() | db.InterfaceError():
             return Overloaded(
                 "The database is unavailable; retry shortly.",
                 code="database_unavailable",
@@ -156,6 +165,12 @@ def as_application_error(exc: Exception) -> ApplicationError | None:
                 code="redis_unavailable",
                 headers=retry_after_header(DEPENDENCY_RETRY_SECONDS),
             )
+    return None
+
+
+def _library_error(exc: Exception) -> ApplicationError | None:
+    """What :mod:`inference` and :mod:`retrieval` raise, by the status each carries."""
+    match exc:
         case inference.ContextLengthExceeded():
             return InvalidRequest(
                 _inference_message(exc), code="context_length_exceeded", param="messages"
@@ -181,6 +196,12 @@ def as_application_error(exc: Exception) -> ApplicationError | None:
             return PayloadTooLarge(str(exc), code=exc.code)
         case retrieval.UnsupportedDocument():
             return UnsupportedFileType(str(exc))
+    return None
+
+
+def _framework_error(exc: Exception) -> ApplicationError | None:
+    """Django's and DRF's own exceptions, in the API's codes."""
+    match exc:
         case RequestDataTooBig():
             return PayloadTooLarge("The request body is larger than this endpoint accepts.")
         case drf.ParseError():
@@ -199,18 +220,19 @@ def as_application_error(exc: Exception) -> ApplicationError | None:
         case drf.NotFound() | Http404():
             return NotFound("No such object.")
         case drf.MethodNotAllowed():
-            error = InvalidRequest(str(exc.detail), code="method_not_allowed")
-            error.status = 405
-            return error
+            return _with_status(InvalidRequest(str(exc.detail), code="method_not_allowed"), 405)
         case drf.UnsupportedMediaType():
             return UnsupportedFileType(str(exc.detail), code="unsupported_media_type")
         case drf.NotAcceptable():
-            error = InvalidRequest(str(exc.detail), code="not_acceptable")
-            error.status = 406
-            return error
+            return _with_status(InvalidRequest(str(exc.detail), code="not_acceptable"), 406)
         case drf.Throttled():
-            return TooManyRequests(str(exc.detail), headers=retry_after_header(exc.wait))
+            return TooManyRequests(str(exc.detail), headers=retry_after_header(exc.wait))  # type: ignore[attr-defined]
     return None
+
+
+def _with_status(error: ApplicationError, status: int) -> ApplicationError:
+    error.status = status
+    return error
 
 
 def _inference_message(exc: inference.InferenceError) -> str:

@@ -10,18 +10,27 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
 from django.db import models
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models.expressions import Expression
+from django.db.models.expressions import Combinable, Expression
 
 from apps.core.crypto import decrypt_text, encrypt_text
 
 
-class EncryptedTextField(models.TextField):  # type: ignore[type-arg]
+def column_of(field: models.Field[Any, Any]) -> str:
+    """A concrete field's column name (Django's ``column`` is None only for a field that
+    has no column of its own, which no statement names)."""
+    if field.column is None:
+        raise ImproperlyConfigured(f"{field} has no column")
+    return field.column
+
+
+class EncryptedTextField(models.TextField[str | Combinable, str]):
     description = "Text, encrypted at rest"
 
     def from_db_value(
-        self, value: str | None, expression: Expression, connection: BaseDatabaseWrapper
+        self, value: str | None, expression: Expression | None, connection: BaseDatabaseWrapper
     ) -> str | None:
         return None if value is None else decrypt_text(value)
 
@@ -30,7 +39,7 @@ class EncryptedTextField(models.TextField):  # type: ignore[type-arg]
         return None if value is None else encrypt_text(value)
 
 
-class EncryptedJSONField(models.Field):  # type: ignore[type-arg]
+class EncryptedJSONField(models.Field[Any, Any]):
     """A JSON value (``json.dumps``-able), encrypted at rest in a text column."""
 
     description = "JSON, encrypted at rest"
@@ -39,7 +48,7 @@ class EncryptedJSONField(models.Field):  # type: ignore[type-arg]
         return "TextField"
 
     def from_db_value(
-        self, value: str | None, expression: Expression, connection: BaseDatabaseWrapper
+        self, value: str | None, expression: Expression | None, connection: BaseDatabaseWrapper
     ) -> Any:
         return None if value is None else json.loads(decrypt_text(value))
 

@@ -110,5 +110,4 @@ database store), the message rows written while the tier prefills, the event jou
 batches, and each answer's settlement, ledger row and message (see
 :mod:`apps.usage.budgets` and the answer run). On SQLite, which has one writer at a time
 whatever happens, it also keeps threads from waiting out each other's locks in the busy
-handler's back-off (seconds at the tail: 32 answers opening at once waited up to 2 s for
-their first token)."""
+handler's back-off (seconds at the tail: docs/gateway.md, admission)."""

@@ -22,6 +22,7 @@ from collections import deque
 from django.db import connection, models, transaction
 
 from apps.core.aio import db_call, loop_cached
+from apps.core.fields import column_of
 
 BLOCK_SIZE = 1024
 """Keys per statement. Whoever finds a block empty waits for the next one, and so does
@@ -74,7 +75,7 @@ def key_take(model: type[models.Model]) -> int:
 
 def keys_allocate(model: type[models.Model], *, count: int) -> list[int]:
     """``count`` keys from ``model``'s sequence, never handed out to anyone else."""
-    table, column = model._meta.db_table, model._meta.pk.column
+    table, column = model._meta.db_table, column_of(model._meta.pk)
     quote = connection.ops.quote_name
     with transaction.atomic(), connection.cursor() as cursor:
         if connection.vendor == "postgresql":

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
 from django.conf import settings
@@ -30,7 +30,8 @@ class EdgeMiddleware:
 
     def __init__(self, get_response: Callable[[HttpRequest], Any]) -> None:
         self.get_response = get_response
-        if iscoroutinefunction(get_response):
+        self.is_async = iscoroutinefunction(get_response)
+        if self.is_async:
             markcoroutinefunction(self)
 
     def refuse(self, request: HttpRequest) -> HttpResponseBase | None:
@@ -40,7 +41,7 @@ class EdgeMiddleware:
         return response
 
     def __call__(self, request: HttpRequest) -> HttpResponseBase | Awaitable[HttpResponseBase]:
-        if iscoroutinefunction(self):
+        if self.is_async:
             return self._acall(request)
         refusal = self.refuse(request)
         return refusal if refusal is not None else self.finish(self.get_response(request))
@@ -97,9 +98,13 @@ class LoopMiddleware(MiddlewareMixin):
     the admin's checks still recognise them.
     """
 
+    process_view: Any
+    """The Django class's hook, where it has one; served async, :meth:`_process_view`."""
+
     def __init__(self, get_response: Callable[[HttpRequest], Any]) -> None:
         super().__init__(get_response)
         if self.async_mode and hasattr(self, "process_view"):
+            self._sync_process_view: Callable[..., HttpResponseBase | None] = self.process_view
             self.process_view = self._process_view  # Django collects it after __init__
 
     def __call__(self, request: HttpRequest) -> Any:
@@ -108,23 +113,24 @@ class LoopMiddleware(MiddlewareMixin):
         return super().__call__(request)
 
     async def _acall(self, request: HttpRequest) -> HttpResponseBase:
+        # Served async, Django hands this middleware an async get_response.
+        get_response = cast(Callable[[HttpRequest], Awaitable[HttpResponseBase]], self.get_response)
         process_request = getattr(self, "process_request", None)
         process_response = getattr(self, "process_response", None)
-        response = process_request(request) if process_request else None
-        response = response or await self.get_response(request)
+        response: HttpResponseBase | None = process_request(request) if process_request else None
+        response = response or await get_response(request)
         if process_response is not None:
             if self.writes(request):
                 process = sync_to_async(process_response, thread_sensitive=True)
                 response = await process(request, response)
             else:
                 response = process_response(request, response)
-        return response  # type: ignore[no-any-return]
+        return response
 
     async def _process_view(
         self, request: HttpRequest, view: Callable[..., Any], args: Any, kwargs: Any
     ) -> HttpResponseBase | None:
-        process_view = super().process_view  # type: ignore[misc]
-        return process_view(request, view, args, kwargs)  # type: ignore[no-any-return]
+        return self._sync_process_view(request, view, args, kwargs)
 
     def writes(self, request: HttpRequest) -> bool:
         """Whether ``process_response`` would do blocking I/O for this request."""

@@ -35,8 +35,10 @@ def json_loads(text: str | bytes, *, max_depth: int = MAX_JSON_DEPTH, strict: bo
         raise JsonTooDeep(max_depth) from None
     # Each level opens with a bracket, so their count bounds the depth: most bodies are
     # done here, without walking the value.
-    brackets = text.count(b"[" if isinstance(text, bytes) else "[")
-    brackets += text.count(b"{" if isinstance(text, bytes) else "{")
+    if isinstance(text, bytes):
+        brackets = text.count(b"[") + text.count(b"{")
+    else:
+        brackets = text.count("[") + text.count("{")
     if brackets > max_depth and _deeper_than(value, max_depth):
         raise JsonTooDeep(max_depth)
     return value
@@ -66,7 +68,7 @@ class JSONParser(parsers.JSONParser):
         media_type: str | None = None,
         parser_context: Mapping[str, Any] | None = None,
     ) -> Any:
-        encoding = parsers.get_encoding(parser_context or {})
+        encoding = parsers.get_encoding(parser_context or {})  # type: ignore[attr-defined]
         try:
             return json_loads(stream.read().decode(encoding), strict=self.strict)
         except ValueError as exc:

@@ -106,7 +106,9 @@ class AutoSchema(openapi.AutoSchema):
     ) -> dict[str, Any]:
         """What DRF's fields refuse beyond their types: an empty list where ``allow_empty``
         is off, and NUL characters in text (``ProhibitNullCharactersValidator``)."""
-        schema: dict[str, Any] = super()._map_serializer_field(field, direction, bypass_extensions)
+        schema: dict[str, Any] = super()._map_serializer_field(  # type: ignore[no-untyped-call]
+            field, direction, bypass_extensions
+        )
         if schema.get("type") == "array" and getattr(field, "allow_empty", True) is False:
             schema.setdefault("minItems", 1)
         if isinstance(field, serializers.CharField) and direction == "request":
@@ -117,7 +119,8 @@ class AutoSchema(openapi.AutoSchema):
         """JSON, unless the view names its own parsers (uploads): DRF's multipart parser
         is on by default, but no other body here is meant as a form (lists, objects)."""
         media_types: list[Any] = super().map_parsers()
-        if self.view.parser_classes == api_settings.DEFAULT_PARSER_CLASSES:
+        # api_settings imports the dotted paths; its stubs type the setting as the strings.
+        if self.view.parser_classes == api_settings.DEFAULT_PARSER_CLASSES:  # type: ignore[comparison-overlap]
             return [media_type for media_type in media_types if media_type == "application/json"]
         return media_types
 

@@ -12,7 +12,7 @@ from apps.knowledge.models import Chunk, Collection, Document
 from apps.knowledge.services import collection_delete, document_delete, document_reingest
 
 
-class ChunksGoWithTheirOwner(admin.ModelAdmin):
+class ChunksGoWithTheirOwner(admin.ModelAdmin[Any]):
     """For an admin whose deletes take chunks with them: chunks may not be deleted alone
     (see :class:`ChunkAdmin`), which would otherwise refuse the whole delete page."""
 
@@ -99,12 +99,12 @@ class DocumentAdmin(ChunksGoWithTheirOwner):
 
 
 @admin.register(Chunk)
-class ChunkAdmin(admin.ModelAdmin):
+class ChunkAdmin(admin.ModelAdmin[Chunk]):
     list_display = ["id", "document", "index", "token_count"]
     list_filter = ["collection"]
     search_fields = ["text"]
-    fields = ["document", "collection", "index", "headings", "token_count", "text"]
-    readonly_fields = fields
+    readonly_fields = ("document", "collection", "index", "headings", "token_count", "text")
+    fields = readonly_fields
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

@@ -301,7 +301,7 @@ class SearchFiltersInput(serializers.Serializer[services.SearchFilters]):
         help_text="only chunks of documents with one of these titles (exact match)",
     )
 
-    def to_internal_value(self, data: Any) -> services.SearchFilters:  # type: ignore[override]
+    def to_internal_value(self, data: Any) -> services.SearchFilters:
         # A misspelt filter must not silently widen the search to everything.
         unknown = sorted(set(data) - set(self.fields)) if isinstance(data, Mapping) else []
         if unknown:

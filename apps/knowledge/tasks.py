@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from celery import shared_task
+from collections.abc import Callable
+from typing import Any
+
+from celery import Task, shared_task
 from django.conf import settings
 from django.db import InterfaceError, OperationalError
 
@@ -12,7 +15,7 @@ from apps.knowledge.services.ingestion import documents_requeue_stalled, ingesti
 # Transient: the database restarting or a connection dropped. Everything else is a bug or
 # a bad document, and retrying it would only repeat the failure.
 TRANSIENT = (OperationalError, InterfaceError)
-STAGE_TASK = {
+STAGE_TASK: dict[str, Any] = {
     "autoretry_for": TRANSIENT,
     "retry_backoff": True,
     "retry_jitter": True,
@@ -22,24 +25,25 @@ STAGE_TASK = {
     # document quarantined at the limit, rather than acknowledged and left "processing".
     "acks_on_timeout": False,
 }
+stage_task: Callable[[Callable[[int], None]], Task[[int], None]] = shared_task(**STAGE_TASK)
 
 
-@shared_task(**STAGE_TASK)
+@stage_task
 def document_parse(document_id: int) -> None:
     ingestion_stage_run(document_id=document_id, stage="parse")
 
 
-@shared_task(**STAGE_TASK)
+@stage_task
 def document_chunk(document_id: int) -> None:
     ingestion_stage_run(document_id=document_id, stage="chunk")
 
 
-@shared_task(**STAGE_TASK)
+@stage_task
 def document_embed(document_id: int) -> None:
     ingestion_stage_run(document_id=document_id, stage="embed")
 
 
-@shared_task(**STAGE_TASK)
+@stage_task
 def document_index(document_id: int) -> None:
     ingestion_stage_run(document_id=document_id, stage="index")
 
@@ -49,8 +53,9 @@ def documents_requeue_stalled_task() -> None:
     documents_requeue_stalled()
 
 
-# A compaction may rebuild a large graph (HNSW: ~45 s at 100k vectors on 2 cores, minutes
-# past 1M), far past an ingestion stage's limits; a killed one leaves only an orphan file.
+# A compaction may rebuild a large graph (HNSW takes minutes past 1M vectors: see
+# docs/scaling.md), far past an ingestion stage's limits; a killed one leaves only an
+# orphan file.
 @shared_task(
     autoretry_for=TRANSIENT,
     retry_backoff=True,

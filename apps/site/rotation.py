@@ -10,6 +10,7 @@ models (:mod:`apps.core.rotation`), uploaded files and the Redis event buffers.
 from __future__ import annotations
 
 import logging
+from typing import cast
 
 import redis
 from django.conf import settings
@@ -31,9 +32,11 @@ def document_files_reencrypt(*, batch: int, progress: Progress) -> int:
     while page := list(documents.filter(pk__gt=last)[:batch]):
         for document in page:
             source = document.source
+            old_name = source.name
+            if not old_name:  # excluded above; a FieldFile's name may be None
+                continue
             with source.open("rb") as handle:
                 token = handle.read()
-            old_name = source.name
             # The name alone: the field's upload_to puts it in this month's folder.
             new_name = old_name.rsplit("/", 1)[-1]
             source.save(new_name, ContentFile(reencrypt(token)), save=False)
@@ -53,13 +56,15 @@ def event_buffers_reencrypt(*, progress: Progress) -> int:
     done = unreadable = 0
     try:
         for key in client.scan_iter(match=f"{EVENT_BUFFER_PREFIX}*", count=500):
-            items = client.lrange(key, 0, -1)
+            # bytes: the client does not decode replies (redis-py types them bytes or str)
+            items = cast(list[bytes], client.lrange(key, 0, -1))
             with client.pipeline(transaction=True) as pipe:
                 for index, item in enumerate(items):
                     if item.startswith(b"["):  # items written in clear stay so
                         continue
                     try:
-                        pipe.lset(key, index, reencrypt(item))
+                        # redis-py types the value as str; it takes bytes as every command does
+                        pipe.lset(key, index, reencrypt(item))  # type: ignore[arg-type]
                     except InvalidToken:  # under a key already removed: it expires as is
                         unreadable += 1
                 pipe.execute()

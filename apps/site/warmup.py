@@ -4,8 +4,8 @@ frozen out of the cyclic garbage collector.
 
 Why the collector: CPython 3.11 collects the oldest generation all at once, stopping the
 event loop and so every open stream. The startup heap is half a million objects that live
-as long as the process (a full collection of them alone took 0.3 s here); frozen, they are
-never traversed again. A thousand open streams still hold ~250 objects each (their
+as long as the process (a full collection of them alone is a long stall: docs/gateway.md);
+frozen, they are never traversed again. A thousand open streams still hold ~250 objects each (their
 coroutine chains), so the young generation is collected less often
 (``WEB_GC_THRESHOLDS``): fewer objects that live a quarter second (a journal batch) reach
 the oldest generation and set off a full collection.

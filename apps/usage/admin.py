@@ -66,7 +66,7 @@ admin.site.register(Team, TeamUsageAdmin)
 
 
 @admin.register(UsageRecord)
-class UsageRecordAdmin(admin.ModelAdmin):
+class UsageRecordAdmin(admin.ModelAdmin[UsageRecord]):
     list_display = [
         "created_at",
         "team",
@@ -91,7 +91,7 @@ class UsageRecordAdmin(admin.ModelAdmin):
 
 
 @admin.register(Limit)
-class LimitAdmin(admin.ModelAdmin):
+class LimitAdmin(admin.ModelAdmin[Limit]):
     list_display = [
         "team",
         "api_key",

@@ -130,55 +130,15 @@ def stacked_bar_chart(
     y_max = step * max(1, math.ceil(max(totals, default=0) / step))
     scale = (bottom - top) / y_max
     slot = (right - left) / max(1, len(points))
-    bars = []
-    for index, (point, total) in enumerate(zip(points, totals, strict=True)):
-        slot_x = left + index * slot
-        bar_x, bar_width = slot_x + slot * 0.15, slot * 0.7
-        segments, base = [], bottom
-        for item in series:
-            value = point.values.get(item.name, 0)
-            if value <= 0:
-                continue
-            segment_height = value * scale
-            base -= segment_height
-            segments.append(
-                Segment(
-                    item.name,
-                    item.color,
-                    value,
-                    _r(bar_x),
-                    _r(base),
-                    _r(bar_width),
-                    _r(segment_height),
-                )
-            )
-        parts = " · ".join(f"{s.name} {point.values.get(s.name, 0):,}" for s in series)
-        bars.append(
-            Bar(
-                label=point.label,
-                title=f"{point.label}: {parts} · total {total:,} tokens",
-                total=total,
-                x=_r(bar_x),
-                width=_r(bar_width),
-                slot_x=_r(slot_x),
-                slot_width=_r(slot),
-                segments=segments,
-            )
+    bars = [
+        _bar(
+            point, total, series, slot_x=left + index * slot, slot=slot, bottom=bottom, scale=scale
         )
+        for index, (point, total) in enumerate(zip(points, totals, strict=True))
+    ]
     y_ticks = [
         Tick(compact(value), _r(bottom - value * scale)) for value in range(0, y_max + 1, step)
     ]
-    every = max(1, math.ceil(len(points) / max_x_ticks))
-    # Count from the last bar so that today always has its label.
-    x_ticks = [
-        Tick(point.tick_label, _r(left + (index + 0.5) * slot))
-        for index, point in enumerate(points)
-        if (len(points) - 1 - index) % every == 0
-    ]
-    legend, legend_x = [], left
-    for item in series:
-        legend.append(LegendItem(item.name, item.color, _r(legend_x)))
-        legend_x += 28 + 7 * len(item.name)  # swatch, gap, ~7 px per character at 11 px
     return StackedBarChart(
         width=width,
         height=height,
@@ -189,11 +149,77 @@ def stacked_bar_chart(
         y_max=y_max,
         bars=bars,
         y_ticks=y_ticks,
-        x_ticks=x_ticks,
-        legend=legend,
+        x_ticks=_x_ticks(points, left=left, slot=slot, max_ticks=max_x_ticks),
+        legend=_legend(series, left=left),
         x_title=x_title,
         y_title=y_title,
     )
+
+
+def _bar(
+    point: ChartPoint,
+    total: int,
+    series: Sequence[Series],
+    *,
+    slot_x: float,
+    slot: float,
+    bottom: float,
+    scale: float,
+) -> Bar:
+    """One point's bar in its slot: 70% of the slot wide, centred, segments bottom-up."""
+    bar_x, bar_width = slot_x + slot * 0.15, slot * 0.7
+    segments: list[Segment] = []
+    base = bottom
+    for item in series:
+        value = point.values.get(item.name, 0)
+        if value <= 0:
+            continue
+        segment_height = value * scale
+        base -= segment_height
+        segments.append(
+            Segment(
+                item.name,
+                item.color,
+                value,
+                _r(bar_x),
+                _r(base),
+                _r(bar_width),
+                _r(segment_height),
+            )
+        )
+    parts = " · ".join(f"{s.name} {point.values.get(s.name, 0):,}" for s in series)
+    return Bar(
+        label=point.label,
+        title=f"{point.label}: {parts} · total {total:,} tokens",
+        total=total,
+        x=_r(bar_x),
+        width=_r(bar_width),
+        slot_x=_r(slot_x),
+        slot_width=_r(slot),
+        segments=segments,
+    )
+
+
+def _x_ticks(
+    points: Sequence[ChartPoint], *, left: float, slot: float, max_ticks: int
+) -> list[Tick]:
+    """At most about ``max_ticks`` labels, evenly spaced; counted from the last bar so that
+    today always has its label."""
+    every = max(1, math.ceil(len(points) / max_ticks))
+    return [
+        Tick(point.tick_label, _r(left + (index + 0.5) * slot))
+        for index, point in enumerate(points)
+        if (len(points) - 1 - index) % every == 0
+    ]
+
+
+def _legend(series: Sequence[Series], *, left: float) -> list[LegendItem]:
+    legend: list[LegendItem] = []
+    legend_x = left
+    for item in series:
+        legend.append(LegendItem(item.name, item.color, _r(legend_x)))
+        legend_x += 28 + 7 * len(item.name)  # swatch, gap, ~7 px per character at 11 px
+    return legend
 
 
 def compact(value: int) -> str:
@@ -207,7 +233,7 @@ def compact(value: int) -> str:
 def _nice_step(maximum: int, *, ticks: int) -> int:
     """The smallest 1, 2 or 5 times a power of ten splitting ``[0, maximum]`` in ``ticks``."""
     raw = max(1, math.ceil(maximum / ticks))
-    magnitude = 10 ** (len(str(raw)) - 1)
+    magnitude: int = 10 ** (len(str(raw)) - 1)
     return next(f * magnitude for f in (1, 2, 5, 10) if f * magnitude >= raw)
 
 

@@ -6,7 +6,7 @@ from dataclasses import asdict
 from decimal import Decimal
 
 from django.conf import settings
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db import transaction
 
 from apps.accounts.models import ApiKey, Team
@@ -58,7 +58,7 @@ def usage_record_embedding(
     operation: str,
     object_id: str = "",
     api_key: ApiKey | None = None,
-    user: AbstractBaseUser | None = None,
+    user: User | None = None,
     status: str = UsageRecord.Status.OK,
 ) -> UsageRecord:
     """Charge embedding tokens (ingestion or query) to ``team``: they are input tokens."""
@@ -87,7 +87,7 @@ def usage_record_chat(
     object_id: str,
     error_code: str = "",
     api_key: ApiKey | None = None,
-    user: AbstractBaseUser | None = None,
+    user: User | None = None,
     requested_model: str = "",
     upstream: str = "",
     price: Price | None = None,

@@ -3,7 +3,7 @@
 Reserving and settling on the database store run a handful of one-row statements, and
 on SQLite every one of them runs under the one writer (:mod:`apps.core.group_commit`),
 so their cost is what 32 requests at once queue on. Built by the ORM, each statement
-cost 100-150 µs of Python here against under 10 µs for SQLite to run it. Here each is a
+cost many times what SQLite takes to run it (docs/gateway.md, admission). Here each is a
 string made once per process, run on the driver's cursor (see :func:`_run`), and every
 value is prepared by its model field (``get_db_prep_value``), so SQLite and PostgreSQL get
 what the ORM would send them.
@@ -20,11 +20,13 @@ from datetime import UTC, date, datetime
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.db import DEFAULT_DB_ALIAS, connections, models
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
+from apps.core.fields import column_of
 from apps.usage.models import QuotaCounter, Reservation, StreamCounter, TokenBucket
 
 
@@ -35,7 +37,10 @@ def _db() -> BaseDatabaseWrapper:
 
 
 def _prep(db: BaseDatabaseWrapper, model: type[models.Model], name: str, *, value: object) -> Any:
-    return model._meta.get_field(name).get_db_prep_value(value, db)
+    field = model._meta.get_field(name)
+    if not isinstance(field, models.Field):
+        raise ImproperlyConfigured(f"{model.__name__}.{name} is not a concrete field")
+    return field.get_db_prep_value(value, db)
 
 
 @functools.cache
@@ -74,11 +79,11 @@ def _sql(vendor: str, mark: str) -> dict[str, str]:
             "WHERE limit_id IN ({ids})"
         ),
         "insert": (
-            f"INSERT INTO {reservation} ({', '.join(quote(f.column) for f in fields[1:])}) "
+            f"INSERT INTO {reservation} ({', '.join(quote(column_of(f)) for f in fields[1:])}) "
             f"VALUES ({', '.join(['%s'] * (len(fields) - 1))}) RETURNING id"
         ),
         "insert_keyed": (
-            f"INSERT INTO {reservation} ({', '.join(quote(f.column) for f in fields)}) "
+            f"INSERT INTO {reservation} ({', '.join(quote(column_of(f)) for f in fields)}) "
             f"VALUES ({', '.join(['%s'] * len(fields))}) ON CONFLICT DO NOTHING"
         ),
         "claim": (
@@ -95,8 +100,8 @@ def _run(db: BaseDatabaseWrapper, name: str, params: Sequence[Any], *, ids: int 
 
     On the driver's own cursor, inside the ORM's transaction: Django's cursor wrapper (its
     thread, async and debug checks, and SQLite's placeholder rewrite, per statement) cost
-    about half of a reserve or a settle on SQLite, nine statements between them (serial:
-    reserve 0.30 -> 0.22 ms, settle 0.15 -> 0.10). Failures are still the ORM's
+    a large share of a reserve or a settle on SQLite, nine statements between them
+    (docs/gateway.md, admission). Failures are still the ORM's
     ``DatabaseError``. Where queries are logged (``DEBUG``, a test counting them), the
     ORM's cursor runs them, so that they are seen."""
     logged = db.queries_logged

@@ -4,7 +4,13 @@ Every value comes from the environment through ``config.env``; integrations live
 their own modules and are star-imported at the bottom.
 """
 
+import django_stubs_ext
+
 from config.env import BASE_DIR, DATA_DIR, IS_PRODUCTION, env
+
+# Django's generic classes take a type argument at run time as they do in its stubs
+# (``admin.ModelAdmin[Team]``), so that mypy can check what an admin holds.
+django_stubs_ext.monkeypatch()
 
 # The embedded default's key is public: with DJANGO_ENV=production there is no default.
 SECRET_KEY = (
@@ -104,8 +110,8 @@ DATABASE_THREADS = env.int("DATABASE_THREADS", default=8)
 
 # The web process's cyclic garbage collector (apps.site.warmup): its startup heap (Django,
 # torch, the tokenizers) is frozen out of collections, and the young generation is
-# collected every this many allocations (CPython's default is 700). At a thousand open
-# streams each full collection stops every stream for 0.1-0.5 s; bench/gateway.py part 4.
+# collected every this many allocations (CPython's default is 700): at a thousand open
+# streams each full collection stops every stream (see docs/gateway.md).
 WEB_GC_THRESHOLDS = tuple(env.list("WEB_GC_THRESHOLDS", cast=int, default=[10_000, 50, 100]))
 
 AUTH_PASSWORD_VALIDATORS = [

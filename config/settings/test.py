@@ -17,7 +17,7 @@ MEDIA_ROOT = DATA_DIR / "media"
 EMBEDDER_BACKEND = env.str("EMBEDDER_BACKEND", default="retrieval.embedders.FakeEmbedder")
 CELERY_TASK_ALWAYS_EAGER = env.bool("CELERY_TASK_ALWAYS_EAGER", default=True)
 CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default="memory://")
-CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {}
+CELERY_BROKER_TRANSPORT_OPTIONS = {}
 
 # The fake tier serves any number of streams at once; queue tests set their own limit.
 INFERENCE_MAX_CONCURRENCY = env.int("INFERENCE_MAX_CONCURRENCY", default=64)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from retrieval import IndexCorrupted, KeywordIndex, KeywordQuery, keyword_query, keyword_tokens
-from retrieval.keyword import _Part
+from retrieval.bm25 import _Part
 
 TEXTS = [
     "Replacement fans ship under the order code XQ-7781-B.",
@@ -102,21 +102,21 @@ def test_a_long_query_is_tokenized_only_until_it_has_its_terms(
     """A question pasted at many times the context window: past the cap, the rest of it
     is never tokenized; below the cap, a query is read whole, a slice at a time, words
     never split."""
-    from retrieval import keyword
+    from retrieval import analysis
 
     read: list[int] = []
-    tokens = keyword.keyword_tokens
+    tokens = analysis.keyword_tokens
 
     def counted(texts: list[str]) -> list[list[str]]:
         read.append(sum(len(text) for text in texts))
         return tokens(texts)
 
-    monkeypatch.setattr(keyword, "keyword_tokens", counted)
+    monkeypatch.setattr(analysis, "keyword_tokens", counted)
     words = [f"term{i}x" for i in range(100_000)]
     text = " ".join(words)  # 100,000 distinct words, about 900,000 characters
     query = keyword_query(text, max_terms=64)
     assert query.terms == tuple(tokens([" ".join(words[:64])])[0])
-    assert sum(read) <= keyword.QUERY_SLICE_CHARS
+    assert sum(read) <= analysis.QUERY_SLICE_CHARS
     read.clear()
     whole = keyword_query(" ".join(words[:2000]), max_terms=None)
     assert len(whole.terms) == 2000  # no word cut in two at a slice's end

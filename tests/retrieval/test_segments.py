@@ -16,7 +16,7 @@ from retrieval import (
     SegmentedIndex,
     VectorIndex,
 )
-from retrieval.keyword import LANGUAGE, _stemmer
+from retrieval.analysis import LANGUAGE, stemmer
 
 DIM = 384
 WORDS = [
@@ -131,12 +131,12 @@ def test_keyword_scores_rank_as_bm25s_does() -> None:
     ours = KeywordIndex.build(ids, corpus)
     reference = bm25s.BM25(method="lucene")
     reference.index(
-        bm25s.tokenize(corpus, stopwords=LANGUAGE, stemmer=_stemmer(), show_progress=False),
+        bm25s.tokenize(corpus, stopwords=LANGUAGE, stemmer=stemmer(), show_progress=False),
         show_progress=False,
     )
     for query in ("alpha omega", "running shoe", "kappa kappa sigma"):
         tokens = bm25s.tokenize(
-            [query], stopwords=LANGUAGE, stemmer=_stemmer(), return_ids=False, show_progress=False
+            [query], stopwords=LANGUAGE, stemmer=stemmer(), return_ids=False, show_progress=False
         )[0]
         expected = np.asarray(reference.get_scores(tokens), dtype=np.float64)
         hits = ours.search(query, 200)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import redis
 from django.conf import settings
@@ -64,7 +64,7 @@ class RedisEventStore:
         # and decrypted whole on every wake-up.
         raw = await self._redis.lrange(self.key(cursor.message_id), cursor.index, -1)
         cursor.index += len(raw)
-        events = events_after(cursor.seq, (tuple(_open(item)) for item in raw))  # type: ignore[misc]
+        events = events_after(cursor.seq, (tuple(_open(item)) for item in raw))
         if events:
             cursor.seq = events[-1][0]
         return events
@@ -84,10 +84,14 @@ def _seal(event: list[Any]) -> bytes:
     return encrypt_bytes(json.dumps(event, ensure_ascii=False).encode("utf-8"))
 
 
-def _open(item: bytes) -> list[Any]:
-    if item.startswith(b"["):  # written in clear before encryption; gone within the TTL
-        return json.loads(item)  # type: ignore[no-any-return]
-    return json.loads(decrypt_bytes(item))  # type: ignore[no-any-return]
+def _open(item: bytes | str) -> list[Any]:
+    # bytes: the client does not decode replies (redis-py types every reply bytes or str)
+    raw = cast(bytes, item)
+    if raw.startswith(b"["):  # written in clear before encryption; gone within the TTL
+        record: list[Any] = json.loads(raw)
+    else:
+        record = json.loads(decrypt_bytes(raw))
+    return record
 
 
 def event_buffers_delete(*, message_ids: Iterable[int]) -> int:

@@ -18,7 +18,7 @@ import json
 import logging
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db import DatabaseError
 from redis.exceptions import RedisError
@@ -32,6 +32,9 @@ from apps.knowledge.services import SearchFilters
 from apps.usage import metrics
 from inference import Event, Finished, ReasoningDelta, TextDelta
 
+if TYPE_CHECKING:  # services import this module
+    from apps.chat.services.types import Citation
+
 logger = logging.getLogger(__name__)
 
 
@@ -40,7 +43,7 @@ class CachedAnswer:
     """What a hit replays: the ``retrieval`` event's citations, the ``delta`` (and
     ``reasoning``) texts as they were streamed, and how the answer finished."""
 
-    citations: list[dict[str, Any]]
+    citations: list[Citation]
     text: list[str]
     reasoning: list[str] = field(default_factory=list)
     finish_reason: str = "stop"

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
 
 from apps.chat.services.types import (
     AnswerEvent,
+    Citation,
     Delta,
     Done,
     Failed,
@@ -25,7 +25,7 @@ class CollectedAnswer:
     message_id: int = 0
     content: str = ""
     reasoning: str = ""
-    citations: list[dict[str, Any]] = field(default_factory=list)
+    citations: list[Citation] = field(default_factory=list)
     usage: Usage | None = None
     finish_reason: str = "stop"
     model: str = ""

@@ -25,6 +25,7 @@ from apps.chat.response_cache import response_cache_key
 from apps.chat.selectors import conversation_history
 from apps.chat.services.registry import ModelChoice, ModelSpec, output_tokens_resolve
 from apps.chat.services.request import AnswerRequest
+from apps.chat.services.types import Citation
 from apps.core.exceptions import InvalidRequest
 from apps.knowledge.services import SearchResult, chunk_search
 from apps.usage import metrics
@@ -59,7 +60,7 @@ class PreparedAnswer:
     """The model that serves first (after ``auto`` routing; fallback may move on)."""
     prompt: Prompt
     max_tokens: int
-    citations: list[dict[str, Any]]
+    citations: list[Citation]
     reservation: Reservation | None
     """None when the caller has no limits: nothing to hold, nothing to settle."""
     want_reasoning: bool = False
@@ -341,12 +342,12 @@ def _route(
     return large, assemble(large)
 
 
-def _citations(results: list[SearchResult]) -> list[dict[str, Any]]:
+def _citations(results: list[SearchResult]) -> list[Citation]:
     """The citations of the passages the prompt kept, numbered as the prompt numbers them."""
     return [_citation(number, result) for number, result in enumerate(results, start=1)]
 
 
-def _citation(number: int, result: SearchResult) -> dict[str, Any]:
+def _citation(number: int, result: SearchResult) -> Citation:
     chunk = result.chunk
     return {
         "id": number,

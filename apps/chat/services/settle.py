@@ -192,7 +192,7 @@ def messages_create(prepared: PreparedAnswer, keys: AnswerKeys) -> None:
     Message.objects.bulk_create([question, answer])  # created_at in this order, one insert
 
 
-LEDGER_STATUS = {
+LEDGER_STATUS: dict[str, UsageRecord.Status] = {
     Message.Status.COMPLETE: UsageRecord.Status.OK,
     Message.Status.FAILED: UsageRecord.Status.ERROR,
     Message.Status.CANCELLED: UsageRecord.Status.CANCELLED,

@@ -8,10 +8,24 @@ matches event names as strings.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypedDict
 
 from apps.core.exceptions import ApplicationError, error_body
 from apps.usage.values import Usage
+
+
+class Citation(TypedDict):
+    """A passage the prompt kept, numbered (``id``) as the prompt numbers it: the answer's
+    ``retrieval`` event, its message row, the cached answer and both surfaces carry it."""
+
+    id: int
+    chunk_id: int
+    document_id: int
+    collection_id: int
+    title: str
+    chunk_index: int
+    score: float
+    snippet: str
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -43,7 +57,7 @@ class Started(AnswerEvent):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Retrieved(AnswerEvent):
     name: ClassVar[str] = "retrieval"
-    citations: list[dict[str, Any]] = field(default_factory=list)
+    citations: list[Citation] = field(default_factory=list)
 
     def data(self) -> dict[str, Any]:
         return {"citations": self.citations}

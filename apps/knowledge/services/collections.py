@@ -71,6 +71,6 @@ def collection_delete(*, collection: Collection, actor: Actor = SYSTEM) -> None:
 
 def _files_delete(index_key: str, sources: list[str]) -> None:
     index_store().drop(index_key)
-    storage = Document._meta.get_field("source").storage  # type: ignore[union-attr]
+    storage = Document._meta.get_field("source").storage
     for name in sources:
         storage.delete(name)

@@ -40,7 +40,7 @@ class Accepted:
 def document_create_from_file(
     *,
     collection: Collection,
-    upload: File,
+    upload: File[bytes],
     title: str = "",
     enqueue: bool = True,
     caller: Caller | None = None,

@@ -261,7 +261,7 @@ class RedisLimiter:
         for quota in quotas:
             keys += self._quota_keys(quota.key)
             args += [quota.maximum, _keep_ms(quota, now), hold_expiry]
-        result = self._call(self._admit, keys, args)
+        result: list[int] = self._call(self._admit, keys, args)
         if result[0] == 1:
             return bucket_refusal(buckets[result[1] - 1], int(result[2]), tokens)
         if result[0] == 2:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from datetime import datetime
+from typing import cast
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured, SynchronousOnlyOperation
@@ -70,7 +71,9 @@ def request_buckets(
     buckets = []
     if per_second:
         buckets.append(RequestBucket(f"team:{team.pk}", int(burst), per_second * 60.0))
-    rate = api_settings.DEFAULT_THROTTLE_RATES.get(scope) if scope else None
+    # DRF's rates are strings ("600/minute"); its stubs type them as numbers.
+    rates = cast("dict[str, str | None]", api_settings.DEFAULT_THROTTLE_RATES)
+    rate = rates.get(scope) if scope else None
     if rate:
         count, per_minute = _parse_rate(scope or "", rate)
         buckets.append(RequestBucket(f"{scope}:{team.pk}", count, per_minute))

@@ -13,7 +13,7 @@ import pytest
 from apps.chat.services.registry import model_registry
 from apps.knowledge.services import indexing
 from apps.site import warmup
-from inference import tokenizers
+from inference.tokenizers import loading
 
 
 @pytest.fixture
@@ -26,12 +26,12 @@ def collector() -> Iterator[None]:
 
 def test_the_start_loads_the_models_and_freezes_the_heap(collector: None, settings: Any) -> None:
     indexing._embedder.cache_clear()
-    tokenizers._load.cache_clear()
+    loading._load.cache_clear()
     settings.WEB_GC_THRESHOLDS = (12_345, 20, 30)
     warmup.web_process_start()
     assert indexing._embedder.cache_info().currsize == 1
     loaded = {entry.tokenizer for entry in model_registry()}
-    assert tokenizers._load.cache_info().currsize == len(loaded) > 0
+    assert loading._load.cache_info().currsize == len(loaded) > 0
     assert gc.get_freeze_count() > 10_000
     assert gc.get_threshold() == (12_345, 20, 30)
 

@@ -36,6 +36,8 @@ class Command(BaseCommand):
             )
             state = index_state(collection)
             name = f"{collection.team.name}/{collection.name}"
+            vectors: str | None
+            keywords: str | None
             try:
                 live = store.read_state(collection.index_key, state)
             except IndexCorrupted as exc:

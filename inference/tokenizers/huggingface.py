@@ -1,0 +1,55 @@
+"""vLLM's tokenizer: a Hugging Face tokenizer folder and its chat template, offline."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from inference.errors import TokenizerUnavailable
+from inference.tokenizers.base import (
+    ChatMessage,
+    escape_control_tokens,
+    escaped_messages,
+    special_tokens_pattern,
+)
+
+
+class HFTokenizer:
+    """A Hugging Face tokenizer folder (``tokenizer.json`` + chat template), offline."""
+
+    def __init__(self, *, path: str | Path) -> None:
+        from transformers import AutoTokenizer
+
+        if not Path(path).is_dir():
+            raise TokenizerUnavailable(f"tokenizer folder {path} does not exist")
+        self._tokenizer: Any = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        self.name = Path(path).name
+        # Added tokens are matched in text whatever their flag; the special ones are the
+        # template's markers (a non-special added token may be plain whitespace).
+        added = self._tokenizer.added_tokens_decoder.values()
+        self._specials = special_tokens_pattern(
+            [*self._tokenizer.all_special_tokens, *(t.content for t in added if t.special)]
+        )
+
+    def escape(self, text: str) -> str:
+        return escape_control_tokens(text, self._specials) if self._specials else text
+
+    def encode(self, text: str) -> list[int]:
+        ids: list[int] = self._tokenizer(
+            self.escape(text), add_special_tokens=False, split_special_tokens=True
+        )["input_ids"]
+        return ids
+
+    def encode_chat(self, messages: Sequence[ChatMessage]) -> list[int]:
+        ids = self._tokenizer.apply_chat_template(
+            escaped_messages(messages, self.escape), add_generation_prompt=True, tokenize=True
+        )
+        # A BatchEncoding (a Mapping, not a dict) in recent transformers, a list before.
+        return list(ids["input_ids"] if isinstance(ids, Mapping) else ids)
+
+    def count(self, text: str) -> int:
+        return len(self.encode(text))
+
+    def count_chat(self, messages: Sequence[ChatMessage]) -> int:
+        return len(self.encode_chat(messages))

