@@ -10,7 +10,8 @@ What is printed
                 ``retrieval``), which import neither Django code nor each other; the one
                 allowed exception is ``core`` → ``accounts`` (team-scoped rows)
     cycles      import cycles between modules (strongly connected components), every
-                import counted, lazy ones included, ``TYPE_CHECKING`` ones not
+                import counted, lazy ones included, ``TYPE_CHECKING`` ones not (the graph
+                of ``tests/import_graph.py``, which ``tests/test_layers.py`` checks)
     mypy        the share of library lines in files that ``[tool.mypy]`` checks strictly
     ignores     ``type: ignore`` comments, and those without an error code
 
@@ -23,12 +24,23 @@ from __future__ import annotations
 import ast
 import re
 import statistics
+import sys
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("apps", "config", "inference", "retrieval")
+if str(ROOT) not in sys.path:  # run as ``python bench/structure.py``
+    sys.path.insert(0, str(ROOT))
+
+from tests.import_graph import (  # noqa: E402
+    PACKAGES,
+    cycles,
+    import_graph,
+    module_name,
+    python_files,
+)
+
 LAYERS = [
     "retrieval",
     "inference",
@@ -44,20 +56,6 @@ LAYERS = [
 ALLOWED_UP = {("apps.core", "apps.accounts")}
 
 
-def library_files() -> list[Path]:
-    return sorted(
-        path
-        for package in PACKAGES
-        for path in (ROOT / package).rglob("*.py")
-        if "migrations" not in path.parts
-    )
-
-
-def module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
 def layer_of(module: str) -> str | None:
     return max(
         (layer for layer in LAYERS if module == layer or module.startswith(layer + ".")),
@@ -70,82 +68,8 @@ def level(layer: str) -> int:
     return 0 if layer in ("retrieval", "inference") else LAYERS.index(layer) - 1
 
 
-def _type_checking_nodes(tree: ast.AST) -> set[int]:
-    hidden: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            hidden.update(id(child) for stmt in node.body for child in ast.walk(stmt))
-    return hidden
-
-
-def imports(path: Path, modules: set[str]) -> Iterator[str]:
-    """The library modules the file imports (the longest known prefix of each name)."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    hidden = _type_checking_nodes(tree)
-    own = module_name(path)
-    package = own if path.name == "__init__.py" else own.rpartition(".")[0]
-    for node in ast.walk(tree):
-        if id(node) in hidden:
-            continue
-        if isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join([*anchor, base] if base else anchor)
-            names = [f"{base}.{alias.name}" for alias in node.names] + [base]
-        elif isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
-        else:
-            continue
-        for name in names:
-            parts = name.split(".")
-            for end in range(len(parts), 0, -1):
-                candidate = ".".join(parts[:end])
-                if candidate in modules and candidate != own:
-                    yield candidate
-                    break
-
-
-def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """Strongly connected components of more than one module (Tarjan, iterative)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    found: list[list[str]] = []
-    for root in sorted(graph):
-        if root in index:
-            continue
-        work = [(root, iter(sorted(graph[root])))]
-        index[root] = low[root] = len(index)
-        stack.append(root)
-        on_stack.add(root)
-        while work:
-            node, children = work[-1]
-            child = next(children, None)
-            if child is not None:
-                if child not in index:
-                    index[child] = low[child] = len(index)
-                    stack.append(child)
-                    on_stack.add(child)
-                    work.append((child, iter(sorted(graph.get(child, ())))))
-                elif child in on_stack:
-                    low[node] = min(low[node], index[child])
-                continue
-            work.pop()
-            if work:
-                low[work[-1][0]] = min(low[work[-1][0]], low[node])
-            if low[node] == index[node]:
-                component = []
-                while True:
-                    member = stack.pop()
-                    on_stack.discard(member)
-                    component.append(member)
-                    if member == node:
-                        break
-                if len(component) > 1:
-                    found.append(sorted(component))
-    return found
+def library_files() -> list[Path]:
+    return python_files(*PACKAGES)
 
 
 def functions(path: Path) -> Iterator[tuple[int, str]]:
@@ -184,8 +108,7 @@ def main() -> None:
     for n, name in lengths[:10]:
         print(f"  {n:4d}  {name}")
 
-    modules = {module_name(path): path for path in files}
-    graph = {name: set(imports(path, set(modules))) for name, path in modules.items()}
+    graph = import_graph()
     upward = []
     for name, targets in sorted(graph.items()):
         mine = layer_of(name)
