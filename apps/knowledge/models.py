@@ -89,8 +89,7 @@ class Document(models.Model):
     worker_seconds = models.FloatField(
         default=0.0,
         editable=False,
-        help_text="the workers' time spent on its stages (wall clock), which the fair "
-        "dispatcher counts against its team for a while",
+        help_text="the workers' time spent on its stages (wall clock)",
     )
     page_count = models.PositiveIntegerField(null=True, blank=True)
     chunk_count = models.PositiveIntegerField(default=0)
@@ -119,8 +118,6 @@ class Document(models.Model):
         ]
         indexes = [
             models.Index(fields=["status", "updated_at"]),
-            # The dispatcher's count of each team's recent use of the workers.
-            models.Index(fields=["team", "updated_at"], name="document_team_recent"),
             # The fair dispatcher's line: each team's waiting documents, oldest first.
             models.Index(
                 fields=["team", "enqueued_at"],
@@ -135,6 +132,21 @@ class Document(models.Model):
 
     def __str__(self) -> str:
         return self.title
+
+
+class IngestionShare(models.Model):
+    """How much of the workers' time a team has used lately, for the fair dispatcher: worker
+    seconds as of ``updated_at``, halving every ``INGEST_FAIR_HALF_LIFE_SECONDS`` since.
+
+    A row per team, not a sum over its documents: deleting documents, or waiting for each
+    one to finish before sending the next, does not wipe what the team has used."""
+
+    team = models.OneToOneField(Team, on_delete=models.CASCADE, primary_key=True, related_name="+")
+    seconds = models.FloatField(default=0.0)
+    updated_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"{self.team_id}: {self.seconds:.1f} s"
 
 
 class Chunk(models.Model):

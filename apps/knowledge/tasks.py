@@ -5,17 +5,42 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from billiard.einfo import ExceptionInfo
 from celery import Task, shared_task
 from django.conf import settings
 from django.db import InterfaceError, OperationalError
 
 from apps.knowledge.services.indexing import collection_index_compact, collections_compact
-from apps.knowledge.services.ingestion import documents_requeue_stalled, ingestion_stage_run
+from apps.knowledge.services.ingestion import (
+    documents_requeue_stalled,
+    ingestion_stage_failed,
+    ingestion_stage_run,
+)
+from apps.usage.budgets import AdmissionUnavailable
 
-# Transient: the database restarting or a connection dropped. Everything else is a bug or
-# a bad document, and retrying it would only repeat the failure.
-TRANSIENT = (OperationalError, InterfaceError)
+# Transient: the database restarting or a connection dropped, the quota store out of reach.
+# Everything else is a bug or a bad document, and retrying it would only repeat the failure.
+TRANSIENT = (OperationalError, InterfaceError, AdmissionUnavailable)
+
+
+class StageTask(Task[[int], None]):
+    """A stage's task that gives up (an error it does not retry, or its last retry)
+    fails its document and hands its place on, rather than hold it until the sweep."""
+
+    def on_failure(
+        self,
+        exc: Exception,
+        task_id: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        einfo: ExceptionInfo,
+    ) -> None:
+        stage = self.name.rpartition("_")[2]
+        ingestion_stage_failed(document_id=int(args[0]), stage=stage, error=exc)
+
+
 STAGE_TASK: dict[str, Any] = {
+    "base": StageTask,
     "autoretry_for": TRANSIENT,
     "retry_backoff": True,
     "retry_jitter": True,

@@ -72,13 +72,12 @@ WORKER_CHILD_THREADS = env.int("WORKER_CHILD_THREADS", default=0)
 # Ingestion is fair across teams: a document waits in its team's line, and the dispatcher
 # gives each free place among this many stages with the workers (0: no cap, first come
 # first served) to the team with the fewest there, then to the one that has used the
-# workers least since its line began. Keep it at the workers' total concurrency (every
-# worker's children together): a stage sent beyond it waits in the broker's queue, first
-# in first out, where no other team's stage can overtake it.
+# workers least lately. Keep it at the workers' total concurrency (every worker's children
+# together): a stage sent beyond it waits in the broker's queue, first in first out, where
+# no other team's stage can overtake it.
 INGEST_MAX_IN_FLIGHT = env.int("INGEST_MAX_IN_FLIGHT", default=CELERY_WORKER_CONCURRENCY)
-# What a team has used counts from when its oldest unfinished document joined the line, at
-# most this far back.
-INGEST_FAIR_WINDOW_SECONDS = env.int("INGEST_FAIR_WINDOW_SECONDS", default=600)
+# What a team has used of the workers halves every this many seconds.
+INGEST_FAIR_HALF_LIFE_SECONDS = env.float("INGEST_FAIR_HALF_LIFE_SECONDS", default=60.0)
 # A document's next stage follows its last at once unless a waiting team has used the
 # workers less by more than this (worker seconds): a small document runs through, a team
 # far ahead gives way between stages.
@@ -94,11 +93,9 @@ INGEST_EMBED_SLICE_SECONDS = env.float(
 DOCUMENT_MAX_LOST_DELIVERIES = env.int("DOCUMENT_MAX_LOST_DELIVERIES", default=3)
 
 # A document whose stage has not moved for this long is re-queued (or failed after
-# DOCUMENT_MAX_ATTEMPTS) by the periodic sweep below. A stage may wait its turn behind one
-# stage of each other document with the workers.
-DOCUMENT_STALL_SECONDS = env.int(
-    "DOCUMENT_STALL_SECONDS", default=CELERY_TASK_TIME_LIMIT * max(INGEST_MAX_IN_FLIGHT, 1) + 60
-)
+# DOCUMENT_MAX_ATTEMPTS) by the periodic sweep below: past the hard time limit, no stage
+# sent to the workers is still running or waiting in the broker behind others.
+DOCUMENT_STALL_SECONDS = env.int("DOCUMENT_STALL_SECONDS", default=CELERY_TASK_TIME_LIMIT + 60)
 DOCUMENT_MAX_ATTEMPTS = env.int("DOCUMENT_MAX_ATTEMPTS", default=3)
 
 CELERY_BEAT_SCHEDULE = {

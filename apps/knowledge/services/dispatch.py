@@ -3,12 +3,14 @@
 The workers get stages from a fair dispatcher, not first come first served: a document
 waits in its team's line, and each place among the ``INGEST_MAX_IN_FLIGHT`` stages the
 workers hold goes to the team with the fewest there, then to the team that has used the
-workers least since its line began (:func:`_used_lately`), then to the one waiting
-longest. When a stage ends, the document's next stage follows at once unless another
-team is waiting that has used the workers less, by more than
-``INGEST_FAIR_QUANTUM_SECONDS``; then the place goes back to the dispatcher. So one
-team's backlog, or its files that take long to parse, stand in front of another team's
-document for about the stage already running; the embed stage works in slices of
+workers least lately (:func:`ingestion_share_add`: worker seconds that halve every
+``INGEST_FAIR_HALF_LIFE_SECONDS``), then to the one waiting longest. When a stage ends, the
+document's next stage follows at once unless another team is waiting that has fewer
+stages with the workers, or has used them less by more than
+``INGEST_FAIR_QUANTUM_SECONDS``; then the place goes back to the dispatcher. So a team
+that comes with one document goes ahead of a team with a backlog, or with files that take
+long to parse, after about the stage already running; a team that keeps the workers busy
+shares them equally with others that do; the embed stage works in slices of
 ``INGEST_EMBED_SLICE_SECONDS``, so a long document neither outlasts the time limit nor
 holds a worker while other teams wait.
 """
@@ -16,19 +18,22 @@ holds a worker while other teams wait.
 from __future__ import annotations
 
 import functools
-import operator
+import logging
+import math
 from collections import Counter
 from collections.abc import Iterable
-from datetime import timedelta
+from datetime import datetime
 
 from celery import current_app
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Count, F, Min, Q, QuerySet, Sum
+from django.db.models import Count, F, Min, QuerySet
 from django.utils import timezone
 
-from apps.knowledge.models import Document
+from apps.knowledge.models import Document, IngestionShare
 from apps.knowledge.services.stages import ACTIVE, STAGES, Stage
+
+logger = logging.getLogger(__name__)
 
 TASKS = {stage: f"apps.knowledge.tasks.document_{stage}" for stage in STAGES}
 
@@ -53,8 +58,8 @@ def ingestion_dispatch() -> list[int]:
 
     At most ``INGEST_MAX_IN_FLIGHT`` stages are with the workers at once (0, or tasks run
     eagerly: no cap, first come first served). Each free place goes to the team with the
-    fewest stages there, then to the one that has used the workers least since its line
-    began, then to the one waiting longest, and within a team to its oldest document.
+    fewest stages there, then to the one that has used the workers least lately, then to
+    the one waiting longest, and within a team to its oldest document.
     Called when a document joins the line, when a stage gives its place back, and by the
     periodic sweep. Two dispatchers at once never send a document twice (the hand-over is
     a conditional update), though they may overshoot the cap by the places they both saw
@@ -93,21 +98,14 @@ def _fair_choice(
 ) -> list[int]:
     """Up to ``places`` waiting documents, one at a time to the team with the fewest with
     the workers (counting those already chosen), then the one that has used them least
-    since its line began, then the longest waiting."""
+    lately, then the longest waiting."""
     if places <= 0:
         return []
     first_waiting = dict(
         waiting.values("team_id").annotate(first=Min("enqueued_at")).values_list("team_id", "first")
     )
     used = _used_lately(first_waiting)
-    busy = Counter(
-        dict(
-            in_flight.order_by()
-            .values("team_id")
-            .annotate(n=Count("pk"))
-            .values_list("team_id", "n")
-        )
-    )
+    busy = _busy(in_flight)
     chosen: list[int] = []
     while first_waiting and len(chosen) < places:
         team_id = min(
@@ -129,48 +127,60 @@ def _fair_choice(
     return chosen
 
 
-def _used_lately(team_ids: Iterable[int]) -> dict[int, float]:
-    """Each team's worker seconds since its line began: on its documents touched since its
-    oldest unfinished one joined the line, and within ``INGEST_FAIR_WINDOW_SECONDS``.
+def _busy(in_flight: QuerySet[Document]) -> Counter[int]:
+    counts = in_flight.order_by().values("team_id").annotate(n=Count("pk"))
+    return Counter(dict(counts.values_list("team_id", "n")))
 
-    What a team used before its present documents came is forgotten, as a fair queue
-    forgets a flow that went idle: a team's new document is not held back for the
-    documents it had indexed earlier, while a team that keeps the workers busy (a backlog,
-    files that take long to parse or fail) keeps what it used against it.
-    """
+
+def _decayed(seconds: float, since: datetime, now: datetime) -> float:
+    age = max((now - since).total_seconds(), 0.0)
+    half_life: float = settings.INGEST_FAIR_HALF_LIFE_SECONDS
+    return seconds * math.pow(0.5, age / half_life)
+
+
+def _used_lately(team_ids: Iterable[int]) -> dict[int, float]:
+    """Each team's worker seconds, decayed to now (0 for a team that has used none)."""
     teams = list(team_ids)
-    window = timezone.now() - timedelta(seconds=settings.INGEST_FAIR_WINDOW_SECONDS)
-    began = dict(
-        Document.objects.filter(team_id__in=teams, status__in=ACTIVE)
-        .order_by()
-        .values("team_id")
-        .annotate(first=Min("enqueued_at"))
-        .values_list("team_id", "first")
+    now = timezone.now()
+    rows = IngestionShare.objects.filter(team_id__in=teams).values_list(
+        "team_id", "seconds", "updated_at"
     )
     used = dict.fromkeys(teams, 0.0)
-    if not began:
-        return used
-    since = functools.reduce(
-        operator.or_,
-        (
-            Q(team_id=team, updated_at__gte=max(first or window, window))
-            for team, first in began.items()
-        ),
-    )
-    used.update(
-        Document.objects.filter(since)
-        .order_by()
-        .values("team_id")
-        .annotate(seconds=Sum("worker_seconds"))
-        .values_list("team_id", "seconds")
-    )
+    used.update({team: _decayed(seconds, since, now) for team, seconds, since in rows})
     return used
+
+
+def ingestion_share_add(*, team_id: int, seconds: float) -> None:
+    """Count ``seconds`` of the workers' time against the team: what it had, decayed to
+    now, plus these. A team's use fades by half every ``INGEST_FAIR_HALF_LIFE_SECONDS``,
+    so a team that has been away comes back ahead of teams that kept the workers busy,
+    and teams that all keep them busy share them equally."""
+    now = timezone.now()
+    with transaction.atomic():
+        share, created = IngestionShare.objects.select_for_update().get_or_create(
+            team_id=team_id, defaults={"seconds": seconds, "updated_at": now}
+        )
+        if not created:
+            share.seconds = _decayed(share.seconds, share.updated_at, now) + seconds
+            share.updated_at = now
+            share.save(update_fields=["seconds", "updated_at"])
 
 
 def _send(document_id: int, stage: str) -> None:
     """Queue the task of ``stage`` for the document once the current transaction commits."""
+    transaction.on_commit(functools.partial(_publish, document_id, stage))
+
+
+def _publish(document_id: int, stage: str) -> None:
+    """Hand the task to the broker; should that fail (the broker is down), put the document
+    back in its team's line, where the periodic sweep's dispatch finds it, rather than
+    leave its place held by a task that was never sent."""
     signature = current_app.signature(TASKS[stage], args=[document_id], immutable=True)
-    transaction.on_commit(functools.partial(signature.apply_async))
+    try:
+        signature.apply_async()
+    except Exception:
+        logger.exception("document %s: its %s task could not be sent", document_id, stage)
+        Document.objects.filter(pk=document_id).update(dispatched_at=None)
 
 
 def ingestion_send_if_past(document_id: int, stage: str) -> None:
@@ -213,8 +223,9 @@ def ingestion_send_next(document_id: int, stage: str) -> None:
 
 
 def _keeps_its_turn(team_id: int) -> bool:
-    """Whether a team's document goes on to its next stage at once: yes, unless another
-    team is waiting that has used the workers less than this one, by more than
+    """Whether a team's document goes on to its next stage at once (it holds one place):
+    yes, unless another team is waiting that has fewer stages with the workers than this
+    one has besides it, or has used the workers less than this one by more than
     ``INGEST_FAIR_QUANTUM_SECONDS`` (a small document then runs through, and a team that
     has used the workers for long gives way between stages)."""
     if _cap() <= 0:
@@ -222,6 +233,9 @@ def _keeps_its_turn(team_id: int) -> bool:
     others = set(_waiting().exclude(team_id=team_id).values_list("team_id", flat=True))
     if not others:
         return True
+    busy = _busy(Document.objects.filter(status__in=ACTIVE, dispatched_at__isnull=False))
+    if busy[team_id] - 1 > min(busy[team] for team in others):
+        return False
     used = _used_lately({team_id, *others})
     quantum: float = settings.INGEST_FAIR_QUANTUM_SECONDS
     return used[team_id] <= min(used[team] for team in others) + quantum

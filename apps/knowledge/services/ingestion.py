@@ -27,6 +27,7 @@ from apps.knowledge.services.dispatch import (
     ingestion_enqueue,
     ingestion_send_if_past,
     ingestion_send_next,
+    ingestion_share_add,
 )
 from apps.knowledge.services.stages import (
     ACTIVE,
@@ -52,6 +53,7 @@ def ingestion_stage_run(*, document_id: int, stage: str) -> None:
     lost = _delivery_begin(document_id, stage)
     if lost is None:
         ingestion_send_if_past(document_id, stage)
+        ingestion_dispatch()  # a document deleted or failed meanwhile leaves a place free
         return
     if lost >= settings.DOCUMENT_MAX_LOST_DELIVERIES:
         document_fail(
@@ -87,6 +89,18 @@ def ingestion_stage_run(*, document_id: int, stage: str) -> None:
     ingestion_send_next(document_id, stage)
 
 
+def ingestion_stage_failed(*, document_id: int, stage: str, error: BaseException) -> None:
+    """A stage's task gave up (an error it does not retry, or its retries ran out): the
+    document fails with the error's kind, and its place goes to the next document at once,
+    not at the stalled sweep."""
+    document_fail(
+        document_id=document_id,
+        error=f"internal_error: the {stage} stage failed ({type(error).__name__}); "
+        f"re-ingest the document to try again",
+    )
+    ingestion_dispatch()
+
+
 def _delivery_begin(document_id: int, stage: str) -> int | None:
     """Count this delivery as lost until it finishes; the deliveries lost before it, or
     None when the document is no longer waiting for ``stage``."""
@@ -104,6 +118,9 @@ def _delivery_end(document_id: int, *, seconds: float) -> None:
     Document.objects.filter(pk=document_id).update(
         lost_deliveries=0, worker_seconds=F("worker_seconds") + seconds
     )
+    team_id = Document.objects.filter(pk=document_id).values_list("team_id", flat=True).first()
+    if team_id is not None:
+        ingestion_share_add(team_id=team_id, seconds=seconds)
 
 
 def documents_requeue_stalled() -> tuple[int, int]:

@@ -14,7 +14,7 @@ from django.db import OperationalError
 from django.utils import timezone
 
 from apps.accounts.models import Team
-from apps.knowledge.models import Chunk, Collection, Document
+from apps.knowledge.models import Chunk, Collection, Document, IngestionShare
 from apps.knowledge.services import (
     STAGE_FUNCTIONS,
     dispatch,
@@ -98,40 +98,45 @@ def test_free_places_alternate_between_teams_with_a_backlog(
     assert ingestion_dispatch() == [a[0].pk, b[0].pk, a[1].pk, b[1].pk]
 
 
-def test_the_team_that_has_used_the_workers_least_since_its_line_began_goes_first(
+def used(team: Team, seconds: float, *, ago: float = 0.0) -> None:
+    """The team has used the workers for ``seconds``, as counted ``ago`` seconds back."""
+    IngestionShare.objects.update_or_create(
+        team=team,
+        defaults={"seconds": seconds, "updated_at": timezone.now() - timedelta(seconds=ago)},
+    )
+
+
+def test_the_team_that_has_used_the_workers_least_lately_goes_first(
     team: Team, other_team: Team, queued: None, settings: Any, sent: list[tuple[int, str]]
 ) -> None:
     settings.INGEST_MAX_IN_FLIGHT = 1
     mine, theirs = factories.collection(team=team), factories.collection(team=other_team)
-    parsed = submit(mine, "Parsed for a long time.", title="A0")
-    later = submit(mine, "A's next document.", title="A1")
-    # Its parse took 30 s; it is back in line for its next stage.
-    Document.objects.filter(pk=parsed.pk).update(stage="chunk", worker_seconds=30.0)
+    a = submit(mine, "A's next document.", title="A")
     b = submit(theirs, "B's first document.", title="B")
-    assert ingestion_dispatch() == [b.pk]  # though A's have waited longer
+    used(team, 30.0)  # e.g. documents it has deleted since, or sent one at a time
+    assert ingestion_dispatch() == [b.pk]  # though A's has waited longer
 
     finish(b)
-    Document.objects.filter(pk=b.pk).update(worker_seconds=31.0)
-    assert ingestion_dispatch() == [parsed.pk]
-    assert later.pk not in [pk for pk, _ in sent]
+    used(other_team, 31.0)
+    b2 = submit(theirs, "B's second document.", title="B2")
+    assert ingestion_dispatch() == [a.pk]  # B has used the workers more now
+    assert b2.pk not in [pk for pk, _ in sent]
 
 
-def test_what_a_team_used_before_its_line_began_is_forgotten(
+def test_what_a_team_used_fades_by_half_every_half_life(
     team: Team, other_team: Team, queued: None, settings: Any, sent: list[tuple[int, str]]
 ) -> None:
     settings.INGEST_MAX_IN_FLIGHT = 1
-    mine, theirs = factories.collection(team=team), factories.collection(team=other_team)
-    earlier = submit(mine, "Indexed a minute ago.", title="Earlier")
-    Document.objects.filter(pk=earlier.pk).update(
-        status="indexed",
-        stage="done",
-        worker_seconds=30.0,
-        updated_at=timezone.now() - timedelta(minutes=1),
-    )
-    a = submit(mine, "A's new document.", title="A")
-    b = submit(theirs, "B's first document.", title="B")
-    assert ingestion_dispatch() == [a.pk]  # even: A has waited longer
-    assert Document.objects.get(pk=b.pk).dispatched_at is None
+    half_life = settings.INGEST_FAIR_HALF_LIFE_SECONDS
+    used(team, 64.0, ago=6 * half_life)  # 1 s now
+    used(other_team, 1.5)
+    a = submit(factories.collection(team=team), "A's document.", title="A")
+    submit(factories.collection(team=other_team), "B's document.", title="B")
+    assert ingestion_dispatch() == [a.pk]
+
+    dispatch.ingestion_share_add(team_id=team.pk, seconds=2.0)
+    share = IngestionShare.objects.get(team=team)
+    assert share.seconds == pytest.approx(3.0, abs=0.01)  # 64 halved six times, plus 2
 
 
 @pytest.mark.parametrize(("quantum", "follows"), [(2.0, True), (0.0, False)])
@@ -171,7 +176,7 @@ def test_each_stage_gives_its_place_back_to_the_team_next_in_turn(
     slow = submit(factories.collection(team=team), TEXT, title="Slow")
     ingestion_dispatch()
     ordinary = submit(factories.collection(team=other_team), TEXT, title="Ordinary")
-    Document.objects.filter(pk=slow.pk).update(worker_seconds=5.0)  # its earlier parses
+    used(team, 5.0)  # its earlier parses
 
     ingestion_stage_run(document_id=slow.pk, stage="parse")
     for stage in ("parse", "chunk", "embed", "index"):
@@ -191,7 +196,8 @@ def test_each_stage_gives_its_place_back_to_the_team_next_in_turn(
         "processing",
         True,
     )
-    assert slow.worker_seconds > 5.0  # the parse's own time added
+    assert slow.worker_seconds > 0  # the parse's own time
+    assert IngestionShare.objects.get(team=team).seconds > 5.0  # and its team's
     assert Document.objects.get(pk=ordinary.pk).status == "indexed"
 
 
@@ -398,3 +404,41 @@ def test_a_stage_that_keeps_killing_its_worker_is_quarantined_on_the_fourth_deli
     assert "died 3 times during its embed stage" in document.error
     assert not Reservation.objects.filter(team=team, settled_at__isnull=True).exists()
     assert sent[-1] == (waiting.pk, "parse")  # its place goes to the next document
+
+
+def test_a_stage_task_that_gives_up_fails_its_document_and_hands_its_place_on(
+    team: Team, queued: None, settings: Any, sent: list[tuple[int, str]]
+) -> None:
+    """An error the task does not retry (or its last retry): not a place held until the
+    stalled sweep, with every team's ingestion waiting behind it."""
+    from apps.knowledge.tasks import document_chunk
+
+    settings.INGEST_MAX_IN_FLIGHT = 1
+    collection = factories.collection(team=team)
+    broken, waiting = submit(collection, TEXT, title="Broken"), submit(collection, "Next.")
+    ingestion_dispatch()
+
+    document_chunk.on_failure(KeyError("a bug"), "task-id", (broken.pk,), {}, None)  # type: ignore[arg-type]
+
+    broken.refresh_from_db()
+    assert (broken.status, broken.error) == (
+        "failed",
+        "internal_error: the chunk stage failed (KeyError); re-ingest the document to try again",
+    )
+    assert sent == [(broken.pk, "parse"), (waiting.pk, "parse")]
+
+
+def test_a_task_the_broker_refuses_puts_its_document_back_in_line(
+    team: Team, queued: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    document = submit(factories.collection(team=team), "Short.")
+    Document.objects.filter(pk=document.pk).update(dispatched_at=timezone.now())
+
+    class Refused:
+        def apply_async(self) -> None:
+            raise ConnectionError("the broker is down")
+
+    monkeypatch.setattr(celery_app, "signature", lambda *args, **kwargs: Refused())
+    dispatch._publish(document.pk, "parse")  # logged, not raised into the upload
+
+    assert Document.objects.get(pk=document.pk).dispatched_at is None  # the sweep sends it
