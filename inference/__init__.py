@@ -17,10 +17,12 @@ from inference.chat import (
     Event,
     Finished,
     ReasoningDelta,
+    Sampling,
     TextDelta,
     UpstreamUsage,
 )
 from inference.client import OpenAIClient, Retry, Timeouts
+from inference.dialects import sampling_refused, sampling_wire
 from inference.errors import (
     ContextLengthExceeded,
     InferenceError,
@@ -106,6 +108,7 @@ __all__ = [
     "RegistryError",
     "RemoteTokenizer",
     "Retry",
+    "Sampling",
     "Scheduler",
     "SchedulerUnavailable",
     "Target",
@@ -126,5 +129,7 @@ __all__ = [
     "registry_parse",
     "render_passages",
     "rendezvous_order",
+    "sampling_refused",
+    "sampling_wire",
     "smollm2_gguf_path",
 ]

@@ -5,9 +5,37 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from dataclasses import fields as dataclass_fields
 from typing import Any
 
 from inference.tokenizers import ChatMessage
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Sampling:
+    """How the caller asked the tokens to be chosen, in OpenAI's terms and bounds (the
+    surfaces check them). None leaves the server's default. Each server's dialect is
+    written, or a field it cannot honour named, by :mod:`inference.dialects`
+    (:func:`~inference.dialects.sampling_wire`, :func:`~inference.dialects.sampling_refused`)."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    stop: tuple[str, ...] | None = None
+    seed: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: tuple[tuple[str, float], ...] | None = None
+    """Token id (as OpenAI writes it, a string) and bias, -100 to 100."""
+    response_format: Mapping[str, Any] | None = None
+    """OpenAI's ``{"type": "text" | "json_object"}`` or ``{"type": "json_schema",
+    "json_schema": {"name", "schema", "strict"?}}``."""
+    user: str | None = None
+    """The caller's end user, for the tier's own abuse tracking; it changes no output."""
+
+    def fields(self) -> dict[str, Any]:
+        """The fields set, by their OpenAI names."""
+        chosen = ((spec.name, getattr(self, spec.name)) for spec in dataclass_fields(self))
+        return {name: value for name, value in chosen if value is not None}
 
 
 @dataclass(slots=True)
@@ -15,7 +43,10 @@ class ChatRequest:
     model: str
     messages: Sequence[ChatMessage]
     max_tokens: int
-    temperature: float | None = None
+    sampling: Sampling = field(default_factory=Sampling)
+    server: str = "other"
+    """What the upstream runs (``registry.SERVERS``): the dialect ``sampling`` is written
+    in (:func:`inference.dialects.sampling_wire`)."""
     extra: Mapping[str, Any] = field(default_factory=dict)
     reasoning_opened: bool = False
     """The chat template opens the thinking block in the prompt (DeepSeek-R1 style): the
@@ -32,18 +63,23 @@ class ChatRequest:
         max_tokens: int,
         reasoning_opened: bool,
         cache_salt: str | None = None,
+        server: str | None = None,
     ) -> ChatRequest:
         """The same request for another served model (a fallback alias's), salted for
-        that model's server or not (``cache_salt``)."""
+        that model's server or not (``cache_salt``), in that server's dialect (``server``;
+        None: the same server)."""
         return replace(
             self,
             model=model,
             max_tokens=max_tokens,
             reasoning_opened=reasoning_opened,
             cache_salt=cache_salt,
+            server=self.server if server is None else server,
         )
 
     def body(self) -> dict[str, Any]:
+        """The request without its sampling fields, which the client adds in the
+        server's dialect."""
         body: dict[str, Any] = {
             "model": self.model,
             "messages": list(self.messages),
@@ -52,8 +88,6 @@ class ChatRequest:
             "stream_options": {"include_usage": True},
             **self.extra,
         }
-        if self.temperature is not None:
-            body["temperature"] = self.temperature
         if self.cache_salt is not None:
             body["cache_salt"] = self.cache_salt
         return body

@@ -27,7 +27,12 @@ import httpx
 import orjson
 
 from inference.chat import ChatRequest, Event, ReasoningDelta, TextDelta
-from inference.dialects import ollama_context_window, transport_failure, upstream_error
+from inference.dialects import (
+    ollama_context_window,
+    sampling_wire,
+    transport_failure,
+    upstream_error,
+)
 from inference.errors import (
     InferenceError,
     InferenceTimeout,
@@ -187,11 +192,13 @@ class OpenAIClient:
                 await asyncio.sleep(pause)
 
     def _chat_request(self, request: ChatRequest) -> httpx.Request:
+        body = request.body()
+        body.update(sampling_wire(request.server, request.sampling))
         return httpx.Request(
             "POST",
             self._chat_url,
             headers=self._chat_headers,
-            content=orjson.dumps(request.body()),  # compact, UTF-8 as is
+            content=orjson.dumps(body),  # compact, UTF-8 as is
             extensions=self._chat_extensions,
         )
 

@@ -6,9 +6,10 @@ Every server's error dialect is read by :func:`upstream_error`: vLLM's ``"code":
 ``error_type`` (and its in-stream ``http_status_code``), Triton's FastAPI ``{"detail":
 "..."}``, a bare ``{"error": "..."}``. What the tier said goes to the log; what the caller
 reads is this package's own message, never an upstream URL or text. Finish reasons are
-read in one place too (TGI's ``eos_token`` and ``stop_sequence`` are a ``stop``), and the
+read in one place too (TGI's ``eos_token`` and ``stop_sequence`` are a ``stop``), the
 context window wherever the server tells it (vLLM's ``max_model_len``, Ollama's
-``/api/show``: :func:`ollama_context_window`).
+``/api/show``: :func:`ollama_context_window`), and the sampling fields each server takes
+(:func:`sampling_refused`, :func:`sampling_wire`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any
 
 import httpx
 
-from inference.chat import UpstreamUsage
+from inference.chat import Sampling, UpstreamUsage
 from inference.errors import (
     ContextLengthExceeded,
     InferenceError,
@@ -54,6 +55,20 @@ FINISH_REASONS = {"eos_token": "stop", "stop_sequence": "stop"}
 OLLAMA_DEFAULT_NUM_CTX = 4096
 """Ollama's num_ctx when neither the model nor the server sets one (2048 before 0.6; a
 larger one on big GPUs since 0.12, or ``OLLAMA_CONTEXT_LENGTH``): the safe assumption."""
+
+SAMPLING_REFUSED: Mapping[str, frozenset[str]] = {
+    # Ollama's /v1 lists logit_bias among what it does not support and ignores it.
+    "ollama": frozenset({"logit_bias"}),
+    # TGI's Messages API parses logit_bias and never applies it.
+    "tgi": frozenset({"logit_bias"}),
+    # Triton's OpenAI frontend refuses logit_bias and has no structured output.
+    "triton": frozenset({"logit_bias", "response_format"}),
+}
+"""The sampling fields a server cannot honour: a request that sets one is refused with
+the field named (:func:`sampling_refused`), never sent without it."""
+USER_SERVERS = frozenset({"vllm", "llama.cpp", "other"})
+"""Servers whose OpenAI route takes ``user``; to the others it is not sent (it is the
+caller's end user for abuse tracking and changes no output, so nothing is lost)."""
 
 # How each transport failure is named to the caller, most specific first.
 _TRANSPORT_FAILURES: tuple[tuple[type[httpx.HTTPError], str], ...] = (
@@ -227,3 +242,63 @@ def _retry_after(value: str | None) -> float | None:
     if when.tzinfo is None:
         when = when.replace(tzinfo=UTC)
     return max(0.0, (when - datetime.now(UTC)).total_seconds())
+
+
+def sampling_refused(server: str, sampling: Sampling) -> str | None:
+    """The first field of ``sampling`` that ``server`` cannot honour, or None. A
+    ``response_format`` of ``text`` is the default everywhere, so never refused; TGI takes
+    no ``top_p`` of 0 (its nucleus must be above 0)."""
+    refused = SAMPLING_REFUSED.get(server, frozenset())
+    for name in sampling.fields():
+        if name == "response_format" and _format_type(sampling) == "text":
+            continue
+        if name in refused:
+            return name
+    if server == "tgi" and sampling.top_p == 0:
+        return "top_p"
+    return None
+
+
+def sampling_wire(server: str, sampling: Sampling) -> dict[str, Any]:
+    """``sampling`` as ``server``'s OpenAI-compatible route takes it (check
+    :func:`sampling_refused` first: a refused field is left out here).
+
+    - vLLM and others: OpenAI's fields as they are.
+    - llama.cpp (its server and llama-cpp-python's): a ``json_schema`` format becomes
+      ``{"type": "json_object", "schema": …}``, the form both constrain decoding with.
+    - Ollama's /v1: OpenAI's fields, which it maps to its ``options`` (temperature, top_p,
+      stop, seed, penalties) and its ``format`` (``json`` or the schema) itself.
+    - TGI: a JSON format is its grammar ``{"type": "json_object", "value": schema}`` (any
+      object for ``json_object``); a ``top_p`` of 1 is no nucleus filtering, which TGI
+      refuses to be asked for, so it is left out.
+    - Triton: OpenAI's fields.
+    """
+    refused = SAMPLING_REFUSED.get(server, frozenset())
+    wire = {name: value for name, value in sampling.fields().items() if name not in refused}
+    if "stop" in wire:
+        wire["stop"] = list(wire["stop"])
+    if "logit_bias" in wire:
+        wire["logit_bias"] = dict(wire["logit_bias"])
+    if server not in USER_SERVERS:
+        wire.pop("user", None)
+    kind = _format_type(sampling)
+    if kind == "text":
+        wire.pop("response_format", None)
+    elif kind is not None and server in ("llama.cpp", "tgi"):
+        wire["response_format"] = _json_grammar(server, sampling)
+    if server == "tgi" and sampling.top_p is not None and sampling.top_p >= 1:
+        del wire["top_p"]
+    return wire
+
+
+def _format_type(sampling: Sampling) -> str | None:
+    return None if sampling.response_format is None else str(sampling.response_format["type"])
+
+
+def _json_grammar(server: str, sampling: Sampling) -> dict[str, Any]:
+    """llama.cpp's or TGI's form of a JSON ``response_format``."""
+    assert sampling.response_format is not None  # noqa: S101 - the caller checked
+    schema = (sampling.response_format.get("json_schema") or {}).get("schema")
+    if server == "tgi":
+        return {"type": "json_object", "value": schema or {"type": "object"}}
+    return {"type": "json_object", **({"schema": schema} if schema is not None else {})}

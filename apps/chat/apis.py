@@ -22,6 +22,7 @@ from rest_framework.views import APIView
 from apps.accounts.permissions import get_caller, role_require_own_or_manager
 from apps.accounts.selectors import Caller
 from apps.chat import selectors, services
+from apps.chat.sampling_input import SamplingInput, sampling_values
 from apps.chat.serializers import (
     AnswerOutput,
     ConversationDetailOutput,
@@ -134,7 +135,7 @@ class ConversationMessageCreateApi(AsyncApiView):
     required_scopes = {"POST": "chat"}
     renderer_classes = [JSONRenderer, EventStreamRenderer]
 
-    class InputSerializer(serializers.Serializer[dict[str, Any]]):
+    class InputSerializer(SamplingInput):
         content = serializers.CharField()
         collections = serializers.ListField(
             child=serializers.IntegerField(min_value=1, max_value=MAX_ID),
@@ -181,6 +182,7 @@ class ConversationMessageCreateApi(AsyncApiView):
                 max_tokens=data.get("max_tokens"),
                 want_reasoning=data["reasoning"],
                 cache=data["cache"],
+                **sampling_values(data),
             )
 
     @extend_schema(

@@ -8,12 +8,14 @@ off or narrow it with the extension field ``rag``); citations ride in an extensi
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 from typing import Any
 
 from django.conf import settings
 from django.http import HttpResponseBase
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_field
 from rest_framework import serializers
 from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
@@ -22,31 +24,77 @@ from rest_framework.views import APIView
 
 from apps.accounts.permissions import get_caller
 from apps.accounts.selectors import Caller
-from apps.chat import services
-from apps.chat.sse import EventStreamRenderer
-from apps.chat.wire import OpenAIWire, answer_respond
+from apps.chat import selectors, services
+from apps.chat.sampling_input import SamplingInput, sampling_values
+from apps.chat.services import CollectedAnswer
+from apps.chat.sse import EventStreamRenderer, event_stream_response, with_pings
+from apps.chat.wire import OpenAIWire, answer_respond, openai_completion, stored_events
 from apps.core.aio import AsyncApiView, db_call
 from apps.core.exceptions import InvalidRequest
-from apps.core.schema import ANSWER_RESPONSES, event_stream
-from apps.core.validation import MAX_ID, chat_messages_check, validated
+from apps.core.idempotency import (
+    REPLAYED_HEADER,
+    idempotency_key_of,
+    idempotency_release,
+    idempotency_request_aclaim,
+)
+from apps.core.models import IdempotencyKey
+from apps.core.schema import (
+    ANSWER_RESPONSES,
+    IDEMPOTENCY_RESPONSES,
+    event_stream,
+    idempotency_key_parameter,
+)
+from apps.core.validation import MAX_ID, chat_messages_check, message_length_check, validated
 from apps.knowledge.apis import SearchFiltersInput, search_mode_field
-from apps.knowledge.services import DEFAULT_SEARCH_MODE
+from apps.knowledge.services import DEFAULT_SEARCH_MODE, embedding_model_name
 from inference import ChatMessage
+
+TEXT_PART_SEPARATOR = "\n"
+"""How a message's text parts are joined: as vLLM joins them
+(``vllm/entrypoints/chat_utils.py``, ``"\n".join(texts)``), so that a prompt counted here
+is the prompt a vLLM upstream would build from the same parts."""
+
+TEXT_PART_SCHEMA = {
+    "type": "object",
+    "properties": {"type": {"type": "string", "enum": ["text"]}, "text": {"type": "string"}},
+    "required": ["type", "text"],
+}
 
 
 class MessageListInput(serializers.ListSerializer[dict[str, Any]]):
     """``messages``: how many (``RAGTIER_MAX_CHAT_MESSAGES``) and how long each
-    (``RAGTIER_MAX_MESSAGE_CHARS``), checked before any one is validated or counted."""
+    (``RAGTIER_MAX_MESSAGE_CHARS``; for content parts, their joined text), and which
+    content parts, checked before any one is validated or counted."""
 
     def to_internal_value(self, data: Any) -> list[dict[str, Any]]:
-        chat_messages_check(data, param=self.field_name or "messages")
+        param = self.field_name or "messages"
+        chat_messages_check(data, param=param)
+        content_parts_check(data, param=param)
         messages: list[dict[str, Any]] = super().to_internal_value(data)
         return messages
 
 
+@extend_schema_field(
+    {"oneOf": [{"type": "string"}, {"type": "array", "minItems": 1, "items": TEXT_PART_SCHEMA}]}
+)
+class MessageContentField(serializers.Field[str, str | list[Any], str, Any]):
+    """A message's ``content``: a string, or a list of ``{"type": "text", "text": …}``
+    parts, joined into one string (:data:`TEXT_PART_SEPARATOR`) as the prompt reads it."""
+
+    def to_internal_value(self, data: Any) -> str:
+        if isinstance(data, str):
+            return data
+        if isinstance(data, list) and data and all(_is_text_part(part) for part in data):
+            return TEXT_PART_SEPARATOR.join(part["text"] for part in data)
+        raise serializers.ValidationError("a string or a non-empty list of text parts.")
+
+    def to_representation(self, value: str) -> str:
+        return value
+
+
 class MessageInput(serializers.Serializer[dict[str, Any]]):
     role = serializers.ChoiceField(choices=["system", "developer", "user", "assistant"])
-    content = serializers.CharField(allow_blank=True, trim_whitespace=False)
+    content = MessageContentField()
 
     class Meta:
         list_serializer_class = MessageListInput
@@ -72,13 +120,18 @@ class ChatCompletionsApi(AsyncApiView):
     required_scopes = {"POST": "chat"}
     renderer_classes = [JSONRenderer, EventStreamRenderer]
 
-    class InputSerializer(serializers.Serializer[dict[str, Any]]):
+    class InputSerializer(SamplingInput):
         model = serializers.CharField(max_length=64)
         messages = MessageInput(many=True, allow_empty=False)
         stream = serializers.BooleanField(default=False)
         stream_options = StreamOptionsInput(required=False)
-        max_tokens = serializers.IntegerField(required=False, min_value=1)
-        max_completion_tokens = serializers.IntegerField(required=False, min_value=1)
+        max_tokens = serializers.IntegerField(required=False, allow_null=True, min_value=1)
+        max_completion_tokens = serializers.IntegerField(
+            required=False,
+            allow_null=True,
+            min_value=1,
+            help_text="the same as max_tokens (OpenAI's newer name); both given must agree",
+        )
         rag = RagInput(required=False)
         store = serializers.BooleanField(
             required=False,
@@ -93,9 +146,16 @@ class ChatCompletionsApi(AsyncApiView):
         )
 
         def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-            """The answer is to the last message: it must be the user's."""
+            """The answer is to the last message: it must be the user's. ``max_tokens`` and
+            ``max_completion_tokens`` are one limit: given both, they must agree."""
             if attrs["messages"][-1]["role"] != "user":
                 raise InvalidRequest("The last message must be the user's.", param="messages")
+            limits = {attrs.get("max_tokens"), attrs.get("max_completion_tokens")} - {None}
+            if len(limits) > 1:
+                raise InvalidRequest(
+                    "max_completion_tokens: differs from max_tokens; send one of them.",
+                    param="max_completion_tokens",
+                )
             return attrs
 
         @staticmethod
@@ -125,13 +185,17 @@ class ChatCompletionsApi(AsyncApiView):
                 search_mode=rag["mode"],
                 search_filters=rag.get("filters"),
                 max_tokens=data.get("max_completion_tokens") or data.get("max_tokens"),
+                want_reasoning=True,  # as vLLM and DeepSeek: whenever the model reasons
                 store=data.get("store", settings.OPENAI_STORE_DEFAULT),
                 cache=data["cache"],
+                **sampling_values(data),
             )
 
     @extend_schema(
         request=InputSerializer,
+        parameters=[idempotency_key_parameter()],
         responses={
+            **IDEMPOTENCY_RESPONSES,
             (200, "application/json"): OpenApiResponse(
                 response=OpenApiTypes.OBJECT, description="chat.completion"
             ),
@@ -139,22 +203,83 @@ class ChatCompletionsApi(AsyncApiView):
                 "with stream: chat.completion.chunk events, then [DONE]"
             ),
             400: OpenApiResponse(
-                description="context_length_exceeded, max_tokens_too_large, too_many_messages"
+                description="context_length_exceeded, max_tokens_too_large, too_many_messages, "
+                "too_many_content_parts, unsupported_parameter (a content part that is not "
+                "text), invalid_value (store: false with an Idempotency-Key)"
             ),
             404: OpenApiResponse(description="model_not_found: no such model alias"),
             **ANSWER_RESPONSES,
         },
     )
     async def post(self, request: Request) -> HttpResponseBase:
-        """OpenAI's Chat Completions, answered over the caller's collections."""
+        """OpenAI's Chat Completions, answered over the caller's collections.
+
+        With an ``Idempotency-Key``, the same key and body from the same team replays the
+        first completion (its stored message, or its events re-framed as chunks) with
+        ``Idempotent-Replayed: true``; the exchange is then stored (``store: true``), since
+        a replay needs it."""
         data = validated(self.InputSerializer, request)
         caller = get_caller(request)
-        model = await services.model_choose(alias=data["model"])
-        asked = self.InputSerializer.to_request(data, caller=caller, model=model)
-        prepared = await db_call(services.answer_prepare)(request=asked)
         include_usage = (data.get("stream_options") or {}).get("include_usage", False)
         wire = OpenAIWire(include_usage=include_usage)
-        return await answer_respond(prepared, wire=wire, stream=data["stream"])
+        claim = await _claim(request, caller=caller, data=data)
+        if claim is not None and claim.status == IdempotencyKey.Status.COMPLETE:
+            return await completion_replay(
+                caller=caller, claim=claim, wire=wire, stream=data["stream"]
+            )
+        try:
+            model = await services.model_choose(alias=data["model"])
+            asked = self.InputSerializer.to_request(data, caller=caller, model=model)
+            if claim is not None:
+                asked = dataclasses.replace(asked, store=True)
+            prepared = await db_call(services.answer_prepare)(request=asked)
+            return await answer_respond(prepared, wire=wire, stream=data["stream"], claim=claim)
+        except BaseException:
+            if claim is not None:  # nothing to replay: a retry runs afresh
+                await asyncio.shield(db_call(idempotency_release)(claim=claim))
+            raise
+
+
+async def _claim(
+    request: Request, *, caller: Caller, data: dict[str, Any]
+) -> IdempotencyKey | None:
+    """The request's ``Idempotency-Key`` claimed (as on the native API), or None without
+    one. A replay needs the first answer kept, so ``store: false`` with a key is a 400."""
+    if data.get("store") is False and idempotency_key_of(request.headers) is not None:
+        raise InvalidRequest(
+            "An Idempotency-Key replays the first answer, which must then be stored: "
+            "send store: true (or leave it out), or no key.",
+            code="invalid_value",
+            param="store",
+        )
+    return await idempotency_request_aclaim(request=request, team=caller.team, body=data)
+
+
+async def completion_replay(
+    *, caller: Caller, claim: IdempotencyKey, wire: OpenAIWire, stream: bool
+) -> HttpResponseBase:
+    """What a retry with the same ``Idempotency-Key`` gets: the first answer's stored
+    events re-framed as ``chat.completion.chunk`` frames (a stream), or its stored message
+    as a ``chat.completion`` (JSON); nothing generated or charged."""
+    assert claim.resource_id is not None  # noqa: S101 - a completed claim names its message
+    message = await db_call(selectors.message_get)(team=caller.team, message_id=claim.resource_id)
+    response: HttpResponseBase
+    if stream:
+        stored = await services.replay_open(team=caller.team, message_id=message.pk, after=0)
+        response = event_stream_response(with_pings(wire.frames(stored_events(stored))))
+    else:
+        answer = CollectedAnswer(
+            message_id=message.pk,
+            content=message.content,
+            reasoning=message.reasoning,
+            citations=message.citations,
+            usage=selectors.message_usage(message=message),
+            finish_reason=message.finish_reason,
+            model=message.model,
+        )
+        response = Response(openai_completion(answer), status=claim.response_status or 200)
+    response[REPLAYED_HEADER] = "true"
+    return response
 
 
 class ModelListApi(APIView):
@@ -166,16 +291,69 @@ class ModelListApi(APIView):
         }
     )
     def get(self, request: Request) -> Response:
-        """The model aliases this deployment serves."""
+        """The model aliases this deployment serves, and its embedding model (for
+        ``/v1/embeddings``) under the model's own name."""
+        names = [*services.model_aliases(), embedding_model_name()]
         return Response(
             {
                 "object": "list",
                 "data": [
-                    {"id": alias, "object": "model", "created": 0, "owned_by": "ragtier"}
-                    for alias in services.model_aliases()
+                    {"id": name, "object": "model", "created": 0, "owned_by": "ragtier"}
+                    for name in names
                 ],
             }
         )
+
+
+def content_parts_check(messages: object, *, param: str = "messages") -> None:
+    """Each message's content parts, before any message is validated or counted: at most
+    ``RAGTIER_MAX_CHAT_MESSAGES`` of them, each a text part (any other type, such as
+    ``image_url``, ``input_audio`` or ``file``, is 400 ``unsupported_parameter`` naming the
+    type and the part), their joined text no longer than ``RAGTIER_MAX_MESSAGE_CHARS``."""
+    if not isinstance(messages, list):
+        return  # the serializer says what is wrong with it
+    for index, message in enumerate(messages):
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, list):
+            _parts_check(content, param=f"{param}.{index}.content")
+
+
+def _parts_check(parts: list[Any], *, param: str) -> None:
+    limit = settings.MAX_CHAT_MESSAGES
+    if not parts or len(parts) > limit:
+        raise InvalidRequest(
+            f"{param} has {len(parts)} content parts; 1 to {limit} are accepted.",
+            code="invalid_value" if not parts else "too_many_content_parts",
+            param=param,
+        )
+    for index, part in enumerate(parts):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if not isinstance(kind, str):
+            raise InvalidRequest(
+                f"{param}.{index}: a content part is an object with a type.",
+                code="invalid_value",
+                param=f"{param}.{index}",
+            )
+        if kind != "text":
+            raise InvalidRequest(
+                f"Content parts of type {kind[:64]!r} are not accepted by this model; "
+                "send text parts.",
+                code="unsupported_parameter",
+                param=f"{param}.{index}.type",
+            )
+        if not _is_text_part(part):
+            raise InvalidRequest(
+                f"{param}.{index}.text: a text part's text is a string.",
+                code="invalid_value",
+                param=f"{param}.{index}.text",
+            )
+    message_length_check(TEXT_PART_SEPARATOR.join(part["text"] for part in parts), param=param)
+
+
+def _is_text_part(part: object) -> bool:
+    return (
+        isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
+    )
 
 
 def _chat(message: dict[str, str]) -> ChatMessage:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from django.http import HttpResponseBase
@@ -22,6 +22,7 @@ from apps.chat.services import (
     AnswerEvent,
     CollectedAnswer,
     PreparedAnswer,
+    StoredEvent,
     answer_collect,
     answer_events,
     answer_start,
@@ -31,12 +32,14 @@ from apps.chat.services.types import (
     Delta,
     Done,
     Failed,
+    Reasoning,
     Retrieved,
     Started,
     UsageReport,
 )
 from apps.chat.sse import event_stream_response, frame, frame_data, with_pings
 from apps.core.aio import db_call
+from apps.core.exceptions import ApplicationError
 from apps.core.idempotency import idempotency_complete
 from apps.core.models import IdempotencyKey
 from apps.usage.values import Usage
@@ -139,6 +142,8 @@ class OpenAIWire:
                     citations = found
                 case Delta(text=text):
                     yield chunk({"content": text})
+                case Reasoning(text=text):  # vLLM's and DeepSeek's field
+                    yield chunk({"reasoning_content": text})
                 case Failed():
                     yield frame_data({"error": event.data()})
                 case UsageReport(usage=reported):
@@ -151,21 +156,62 @@ class OpenAIWire:
         yield frame_data("[DONE]")
 
     def body(self, prepared: PreparedAnswer, answer: CollectedAnswer) -> dict[str, Any]:
-        return {
-            "id": f"chatcmpl-{answer.message_id}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": answer.model or prepared.spec.alias,
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": answer.content},
-                    "finish_reason": _finish(answer.finish_reason),
-                }
-            ],
-            "usage": _usage(answer.usage) if answer.usage else None,
-            "citations": answer.citations,
-        }
+        return openai_completion(answer, model=prepared.spec.alias)
+
+
+def openai_completion(answer: CollectedAnswer, *, model: str = "") -> dict[str, Any]:
+    """``answer`` as a ``chat.completion``; ``model``: the alias named, where the answer
+    does not say which served. The message carries ``reasoning_content`` (as vLLM and
+    DeepSeek send it) only when the model reasoned."""
+    message: dict[str, Any] = {"role": "assistant", "content": answer.content}
+    if answer.reasoning:
+        message["reasoning_content"] = answer.reasoning
+    return {
+        "id": f"chatcmpl-{answer.message_id}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": answer.model or model,
+        "choices": [
+            {"index": 0, "message": message, "finish_reason": _finish(answer.finish_reason)}
+        ],
+        "usage": _usage(answer.usage) if answer.usage else None,
+        "citations": answer.citations,
+    }
+
+
+async def stored_events(events: AsyncIterator[StoredEvent]) -> AsyncIterator[AnswerEvent]:
+    """An answer's stored events (a replay) as the typed events they were stored from, so
+    that a surface frames a replay as it framed the answer."""
+    async for seq, name, data in events:
+        event = _typed(name, data)
+        if event is not None:
+            yield replace(event, id=seq)
+
+
+def _typed(name: str, data: dict[str, Any]) -> AnswerEvent | None:
+    match name:
+        case Started.name:
+            return Started(
+                message_id=data["message_id"],
+                conversation_id=data["conversation_id"],
+                model=data["model"],
+            )
+        case Retrieved.name:
+            return Retrieved(citations=data["citations"])
+        case Delta.name:
+            return Delta(text=data["text"])
+        case Reasoning.name:
+            return Reasoning(text=data["text"])
+        case UsageReport.name:
+            fields = {k: v for k, v in data.items() if k != "total_tokens"}
+            return UsageReport(usage=Usage(**fields))
+        case Failed.name:
+            error = ApplicationError(data["message"], code=data["code"], param=data["param"])
+            error.type = data["type"]
+            return Failed(error=error)
+        case Done.name:
+            return Done(message_id=data["message_id"], finish_reason=data["finish_reason"])
+    return None
 
 
 def _usage(usage: Usage) -> dict[str, Any]:

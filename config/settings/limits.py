@@ -45,6 +45,15 @@ MAX_MESSAGE_CHARS = env.int(
     ),
 )
 
+# POST /v1/embeddings: at most this many inputs (400 too_many_inputs), each at most this
+# many characters (400 input_too_large, before it is tokenized: a bound on the tokenizer's
+# work, far past what the model reads), and this many tokens in all (400 too_many_tokens,
+# counted with the model's tokenizer before anything is reserved or embedded). One input
+# longer than the model reads is 400 context_length_exceeded, as OpenAI answers.
+EMBEDDINGS_MAX_INPUTS = env.int("RAGTIER_EMBEDDINGS_MAX_INPUTS", default=256)
+EMBEDDINGS_MAX_INPUT_CHARS = env.int("RAGTIER_EMBEDDINGS_MAX_INPUT_CHARS", default=32_768)
+EMBEDDINGS_MAX_TOKENS = env.int("RAGTIER_EMBEDDINGS_MAX_TOKENS", default=65_536)
+
 # Django's own guards agree with ours, for the paths that bypass the ASGI limit (tests, WSGI).
 DATA_UPLOAD_MAX_MEMORY_SIZE = MAX_JSON_BODY_BYTES
 FILE_UPLOAD_MAX_MEMORY_SIZE = 2 * 1024 * 1024

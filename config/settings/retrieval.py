@@ -10,6 +10,10 @@ EMBEDDER_OPTIONS: dict[str, object] = {
     "model_path": env.str("EMBEDDING_MODEL", default="") or None,
     "device": env.str("EMBEDDING_DEVICE", default="auto"),
 }
+# The embedding model's name on /v1/embeddings and /v1/models; empty: the model's own
+# (all-MiniLM-L6-v2 for the packaged default, else its folder's name). The ledger and
+# MODEL_PRICES keep the folder's name.
+EMBEDDING_MODEL_NAME = env.str("EMBEDDING_MODEL_NAME", default="")
 # Must match the model (all-MiniLM-L6-v2: 384); checked when the model loads. Known up
 # front so that index work never loads a model just to learn it.
 EMBEDDING_DIMENSION = env.int("EMBEDDING_DIMENSION", default=384)
@@ -36,3 +40,7 @@ INDEX_DIR = DATA_DIR / "indexes"
 KEYWORD_MAX_QUERY_TERMS = env.int("KEYWORD_MAX_QUERY_TERMS", default=64)
 CHUNK_OVERLAP_TOKENS = env.int("CHUNK_OVERLAP_TOKENS", default=32)
 EMBED_BATCH_SIZE = env.int("EMBED_BATCH_SIZE", default=64)
+# POST /v1/embeddings runs the model on the shared database pool, a slice of
+# EMBED_BATCH_SIZE texts at a time, at most this many slices at once per process; requests
+# take turns between slices, so one large batch never holds the pool from the rest.
+EMBEDDINGS_CONCURRENCY = env.int("EMBEDDINGS_CONCURRENCY", default=2)

@@ -5,8 +5,10 @@ The key (:func:`response_cache_key`) is a SHA-256 of everything the answer depen
 the team, the index version of every collection searched (an ingest or a delete moves it,
 so older entries miss), the question normalized (Unicode case-folded, runs of whitespace
 made one space, ends stripped), the alias that serves, ``max_tokens``, the sampling
-parameters, the client's instructions, the search (mode, filters, ``top_k``) and whether
-reasoning is streamed. What is stored is the answer's events (citations, deltas, finish
+parameters, the client's instructions and the search (mode, filters, ``top_k``); not
+whether reasoning is streamed, since the entry keeps the reasoning and each request shows
+it or not (the OpenAI surface always does, the native one on request), so both surfaces
+share an entry. What is stored is the answer's events (citations, deltas, finish
 reason), in the store the settings choose (:mod:`.store`: Redis or the database,
 encrypted at rest).
 """
@@ -71,7 +73,6 @@ def response_cache_key(
     search: Mapping[str, Any],
     sampling: Mapping[str, Any],
     instructions: str = "",
-    reasoning: bool = False,
 ) -> str:
     """The digest naming one answer. ``collection_ids``: those searched (None: every
     collection of the team; an empty list: none, RAG off); their index versions are read
@@ -94,7 +95,6 @@ def response_cache_key(
         "search": dict(search),
         "sampling": dict(sampling),
         "instructions": instructions,
-        "reasoning": reasoning,
     }
     encoded = json.dumps(material, sort_keys=True, ensure_ascii=False, default=_plain)
     return hashlib.sha256(encoded.encode("utf-8")).hexdigest()

@@ -23,7 +23,12 @@ from apps.accounts.selectors import Caller
 from apps.chat.models import Conversation
 from apps.chat.response_cache import response_cache_key
 from apps.chat.selectors import conversation_history
-from apps.chat.services.registry import ModelChoice, ModelSpec, output_tokens_resolve
+from apps.chat.services.registry import (
+    ModelChoice,
+    ModelSpec,
+    model_registry,
+    output_tokens_resolve,
+)
 from apps.chat.services.request import AnswerRequest
 from apps.chat.services.types import Citation
 from apps.core.exceptions import InvalidRequest
@@ -44,7 +49,9 @@ from inference import (
     ContextLengthExceeded,
     Passage,
     Prompt,
+    Sampling,
     assemble_prompt,
+    sampling_refused,
 )
 
 HISTORY_MESSAGES = 40
@@ -64,6 +71,8 @@ class PreparedAnswer:
     reservation: Reservation | None
     """None when the caller has no limits: nothing to hold, nothing to settle."""
     want_reasoning: bool = False
+    sampling: Sampling = field(default_factory=Sampling)
+    """What the caller chose of the sampling, written in each server's dialect."""
     extra: dict[str, Any] = field(default_factory=dict)
     store: bool = True
     """False: no conversation, message or event is written; the usage row still is."""
@@ -83,6 +92,8 @@ class PreparedAnswer:
             model=self.spec.served_name,
             messages=self.prompt.messages,
             max_tokens=self.max_tokens,
+            sampling=self.sampling,
+            server=self.spec.entry.server,
             extra=self.extra,
             reasoning_opened=self.spec.reasoning_opened,
         )
@@ -128,6 +139,7 @@ def _admit(request: AnswerRequest) -> _Admitted:
     limits = limits_cache.get(team=request.caller.team, api_key=request.caller.api_key)
     cap = max_tokens_cap(limits=limits)
     candidates = _candidates(request.model, max_tokens=request.max_tokens, cap=cap)
+    candidates = _honouring(candidates, request.tier_sampling)
     started = time.monotonic()
     assemble = _Assembler(request, history=history, cap=cap)
     spec, bare = _first_fitting(candidates, assemble)
@@ -160,7 +172,7 @@ def _ground(admitted: _Admitted) -> PreparedAnswer:
         citations=_citations(results[: len(prompt.passages)]),
         reservation=admitted.reservation,
         want_reasoning=request.want_reasoning,
-        extra=request.sampling,
+        sampling=request.tier_sampling,
         store=request.store or admitted.conversation is not None,
         cache_key=cache_key,
         requested=request.model.requested,
@@ -272,8 +284,10 @@ def _cache_key(
     collections: list[int] | None,
 ) -> str | None:
     """The response cache's key, or None: not cached (history, ``cache: false``, the cache
-    off)."""
+    off, or sampled output asked for: :attr:`AnswerRequest.deterministic`)."""
     if not request.cache or history or settings.RESPONSE_CACHE_TTL <= 0:
+        return None
+    if not request.deterministic:
         return None
     return response_cache_key(
         team=request.caller.team,
@@ -288,7 +302,6 @@ def _cache_key(
         },
         sampling=request.sampling,
         instructions=request.instructions,
-        reasoning=request.want_reasoning,
     )
 
 
@@ -308,6 +321,34 @@ def _candidates(model: ModelChoice, *, max_tokens: int | None, cap: int | None) 
         assert refusal is not None  # noqa: S101 - a candidate exists, so one refused
         raise refusal
     return allowed
+
+
+def _honouring(candidates: list[ModelSpec], sampling: Sampling) -> list[ModelSpec]:
+    """The candidates whose server, and every fallback's, honours each sampling field set.
+    With ``auto`` one that cannot is passed over, as for ``max_tokens``; a fallback that
+    cannot rules its alias out, since the answer would otherwise be generated without the
+    field whenever the fallback serves it. None left: 400 ``unsupported_parameter`` naming
+    the field, before anything is reserved."""
+    if not sampling.fields():
+        return candidates
+    refused: str | None = None
+    kept: list[ModelSpec] = []
+    for spec in candidates:
+        chain = model_registry().chain(spec.alias)
+        field_name = next(
+            (name for entry in chain if (name := sampling_refused(entry.server, sampling))),
+            None,
+        )
+        if field_name is None:
+            kept.append(spec)
+        refused = refused or field_name
+    if not kept:
+        raise InvalidRequest(
+            f"{refused}: the model's inference server cannot honour this parameter.",
+            code="unsupported_parameter",
+            param=refused,
+        )
+    return kept
 
 
 def _first_fitting(

@@ -7,22 +7,25 @@ an answer reads it, never changes it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 from apps.accounts.selectors import Caller
 from apps.chat.services.registry import ModelChoice
 from apps.knowledge.services import DEFAULT_SEARCH_MODE, SearchFilters, SearchMode
-from inference import ChatMessage
+from inference import ChatMessage, Sampling
 
 SAMPLING = "sampling"
 
 
-def sampling_field() -> Any:
+def sampling_field(*, keyed: bool = True) -> Any:
     """A sampling parameter of :class:`AnswerRequest` (``temperature``, ``top_p``, …).
     None leaves the tier's default; a value set goes to the tier under the field's name
-    and into the response cache's key (:attr:`AnswerRequest.sampling`)."""
-    return field(default=None, metadata={SAMPLING: True})
+    (:attr:`AnswerRequest.tier_sampling`) and, unless it changes no output
+    (``keyed=False``: ``user``), into the response cache's key
+    (:attr:`AnswerRequest.sampling`)."""
+    return field(default=None, metadata={SAMPLING: keyed})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -56,6 +59,15 @@ class AnswerRequest:
     max_tokens: int | None = None
     want_reasoning: bool = False
     # Sampling parameters follow, one line each: ``name: type | None = sampling_field()``.
+    temperature: float | None = sampling_field()
+    top_p: float | None = sampling_field()
+    stop: tuple[str, ...] | None = sampling_field()
+    seed: int | None = sampling_field()
+    presence_penalty: float | None = sampling_field()
+    frequency_penalty: float | None = sampling_field()
+    logit_bias: tuple[tuple[str, float], ...] | None = sampling_field()
+    response_format: Mapping[str, Any] | None = sampling_field()
+    user: str | None = sampling_field(keyed=False)
 
     store: bool = True
     """False (a new conversation only): nothing of the exchange is kept but its usage row."""
@@ -64,10 +76,29 @@ class AnswerRequest:
 
     @property
     def sampling(self) -> dict[str, Any]:
-        """The sampling parameters the caller set, by name (empty: the tier's defaults)."""
+        """The sampling parameters the caller set that change the output, by name (empty:
+        the tier's defaults): what the response cache keys on."""
+        chosen = (
+            (spec.name, getattr(self, spec.name))
+            for spec in fields(self)
+            if spec.metadata.get(SAMPLING)
+        )
+        return {name: value for name, value in chosen if value is not None}
+
+    @property
+    def tier_sampling(self) -> Sampling:
+        """Every sampling parameter set, as the tier is asked for it."""
         chosen = (
             (spec.name, getattr(self, spec.name))
             for spec in fields(self)
             if SAMPLING in spec.metadata
         )
-        return {name: value for name, value in chosen if value is not None}
+        return Sampling(**{name: value for name, value in chosen if value is not None})
+
+    @property
+    def deterministic(self) -> bool:
+        """Whether the caller left the output as the deployment makes it or pinned it
+        (``temperature`` 0, or a ``seed``): what the response cache may replay. A
+        ``temperature`` above 0 without a seed asks for sampled output, which a replay
+        would make the same every time."""
+        return not self.temperature or self.seed is not None

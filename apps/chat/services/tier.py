@@ -116,6 +116,7 @@ def route_targets(
             max_tokens=min(request.max_tokens, entry.max_output_tokens),
             reasoning_opened=entry.reasoning_opened,
             cache_salt=cache_salt if entry.takes_cache_salt else None,
+            server=entry.server,
         )
         targets.extend(
             Target(alias=entry.alias, upstream=url, request=entry_request, api_key=entry.api_key)

@@ -9,6 +9,11 @@ from apps.knowledge.services.documents import (
     document_delete,
     document_reingest,
 )
+from apps.knowledge.services.embeddings import (
+    EmbeddingBatch,
+    embedding_model_name,
+    embeddings_create,
+)
 from apps.knowledge.services.indexing import (
     collection_index_compact,
     collection_index_load,
@@ -35,6 +40,7 @@ __all__ = [
     "SEARCH_MODES",
     "STAGE_FUNCTIONS",
     "Accepted",
+    "EmbeddingBatch",
     "SearchFilters",
     "SearchMode",
     "SearchResult",
@@ -54,6 +60,8 @@ __all__ = [
     "document_reingest",
     "documents_requeue_stalled",
     "embedder",
+    "embedding_model_name",
+    "embeddings_create",
     "index_state",
     "index_store",
     "ingestion_enqueue",

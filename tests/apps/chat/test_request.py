@@ -3,7 +3,7 @@ builds from a body, and the sampling parameters it carries to the tier and the c
 
 from __future__ import annotations
 
-from dataclasses import FrozenInstanceError, dataclass
+from dataclasses import FrozenInstanceError
 from typing import Any
 
 import pytest
@@ -13,7 +13,6 @@ from apps.accounts.selectors import Caller
 from apps.chat.apis import ConversationMessageCreateApi
 from apps.chat.openai_apis import ChatCompletionsApi
 from apps.chat.services import AnswerRequest, ModelChoice
-from apps.chat.services.request import sampling_field
 from apps.core.exceptions import InvalidRequest
 
 CALLER = Caller(team=Team(pk=1, name="t"), user=None, api_key=None, scopes=frozenset({"chat"}))
@@ -51,7 +50,7 @@ def test_the_openai_body_becomes_a_request_with_its_own_history() -> None:
             {"role": "developer", "content": "Cite."},
             {"role": "user", "content": "Why?"},
         ],
-        "max_tokens": 5,
+        "max_tokens": 6,
         "max_completion_tokens": 6,
         "rag": {"collections": [4], "top_k": 2},
         "cache": False,
@@ -82,13 +81,8 @@ def test_a_request_is_frozen() -> None:
         request.content = "Bye"  # type: ignore[misc]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class SampledRequest(AnswerRequest):
-    temperature: float | None = sampling_field()
-    seed: int | None = sampling_field()
-
-
 def test_sampling_holds_the_sampling_fields_the_caller_set() -> None:
     assert AnswerRequest(caller=CALLER, model=MODEL, content="Hi").sampling == {}
-    request = SampledRequest(caller=CALLER, model=MODEL, content="Hi", temperature=0.2)
-    assert request.sampling == {"temperature": 0.2}
+    request = AnswerRequest(caller=CALLER, model=MODEL, content="Hi", temperature=0.2, user="u")
+    assert request.sampling == {"temperature": 0.2}  # ``user`` changes no output: not keyed
+    assert request.tier_sampling.fields() == {"temperature": 0.2, "user": "u"}

@@ -1,0 +1,254 @@
+"""OpenAI's sampling fields on both answer surfaces: checked with OpenAI's bounds (a 400
+naming the field), carried to the tier in its server's dialect, refused before admission
+where the server cannot honour one, and kept apart in the response cache."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from apps.accounts.services import IssuedKey
+from apps.chat.apis import ConversationMessageCreateApi
+from apps.chat.openai_apis import ChatCompletionsApi
+from apps.core.exceptions import as_application_error
+from apps.usage.models import UsageRecord
+from tests.apps.chat.conftest import ask_stream, conversation_for
+from tests.apps.chat.test_request import CALLER, MODEL, validated
+from tests.fake_upstream import FakeUpstream
+
+CHAT = {"model": "small", "messages": [{"role": "user", "content": "Say hello"}]}
+SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}}
+JSON_SCHEMA = {"type": "json_schema", "json_schema": {"name": "answer", "schema": SCHEMA}}
+ALL_FIELDS: dict[str, Any] = {
+    "temperature": 0,
+    "top_p": 0.9,
+    "stop": ["\n\n", "END"],
+    "seed": 42,
+    "presence_penalty": 0.5,
+    "frequency_penalty": -0.5,
+    "logit_bias": {"50256": -100},
+    "response_format": JSON_SCHEMA,
+    "user": "end-user-7",
+    "metadata": {"run": "a"},
+    "n": 1,
+    "logprobs": False,
+}
+SURFACES = [
+    (ChatCompletionsApi.InputSerializer, CHAT),
+    (ConversationMessageCreateApi.InputSerializer, {"content": "Say hello"}),
+]
+
+VALID: list[tuple[str, Any, Any]] = [
+    ("temperature", 2, 2.0),
+    ("top_p", 0, 0.0),
+    ("stop", "END", ("END",)),
+    ("stop", ["a", "b", "c", "d"], ("a", "b", "c", "d")),
+    ("seed", -(2**63), -(2**63)),
+    ("presence_penalty", -2, -2.0),
+    ("frequency_penalty", 2, 2.0),
+    ("logit_bias", {"1": 100, "2": -100}, (("1", 100.0), ("2", -100.0))),
+    ("response_format", {"type": "json_object"}, {"type": "json_object"}),
+    ("user", "x" * 256, "x" * 256),
+    ("temperature", None, None),
+]
+INVALID: list[tuple[str, Any, str]] = [
+    ("temperature", 2.5, "invalid_value"),
+    ("temperature", "hot", "invalid_value"),
+    ("top_p", 1.5, "invalid_value"),
+    ("stop", ["a", "b", "c", "d", "e"], "invalid_value"),
+    ("stop", [1], "invalid_value"),
+    ("seed", 2**63, "invalid_value"),
+    ("seed", 1.5, "invalid_value"),
+    ("presence_penalty", -2.1, "invalid_value"),
+    ("frequency_penalty", 3, "invalid_value"),
+    ("logit_bias", {"abc": 1}, "invalid_value"),
+    ("logit_bias", {"1": 101}, "invalid_value"),
+    ("logit_bias", {str(i): 1 for i in range(301)}, "invalid_value"),
+    ("response_format", {"type": "xml"}, "invalid_value"),
+    ("response_format", {"type": "json_schema"}, "invalid_value"),
+    ("user", "x" * 257, "invalid_value"),
+    ("metadata", {str(i): "v" for i in range(17)}, "invalid_value"),
+    ("metadata", {"k" * 65: "v"}, "invalid_value"),
+    ("metadata", {"k": "v" * 513}, "invalid_value"),
+    ("n", 2, "unsupported_parameter"),
+    ("n", 0, "invalid_value"),
+    ("logprobs", True, "unsupported_parameter"),
+    ("top_logprobs", 2, "unsupported_parameter"),
+]
+
+
+@pytest.mark.parametrize(("serializer", "base"), SURFACES)
+@pytest.mark.parametrize(("name", "value", "expected"), VALID)
+def test_each_field_in_bounds_reaches_the_request(
+    serializer: Any, base: dict[str, Any], name: str, value: Any, expected: Any
+) -> None:
+    data = validated(serializer, {**base, name: value})
+    kwargs = {"conversation": 1} if "content" in base else {}
+    request = serializer.to_request(data, caller=CALLER, model=MODEL, **kwargs)
+    assert getattr(request, name) == expected
+
+
+@pytest.mark.parametrize(("serializer", "base"), SURFACES)
+@pytest.mark.parametrize(("name", "value", "code"), INVALID)
+def test_each_field_out_of_bounds_is_a_400_naming_it(
+    serializer: Any, base: dict[str, Any], name: str, value: Any, code: str
+) -> None:
+    with pytest.raises(Exception) as raised:  # DRF's or ours, mapped below
+        validated(serializer, {**base, name: value})
+    error = as_application_error(raised.value)
+    assert error is not None and error.status == 400
+    assert (error.code, (error.param or "").split(".")[0]) == (code, name)
+
+
+def test_max_completion_tokens_and_max_tokens_must_agree() -> None:
+    with pytest.raises(Exception) as raised:
+        validated(
+            ChatCompletionsApi.InputSerializer,
+            {**CHAT, "max_tokens": 5, "max_completion_tokens": 6},
+        )
+    error = as_application_error(raised.value)
+    assert error is not None and error.param == "max_completion_tokens"
+
+
+def test_unknown_fields_are_ignored() -> None:
+    data = validated(ChatCompletionsApi.InputSerializer, {**CHAT, "frobnicate": 1})
+    assert "frobnicate" not in data
+
+
+# Through the app and the fake tier on a real socket.
+
+
+@pytest.fixture
+def sdk(asgi_server: str, issued_key: IssuedKey) -> Iterator[openai.OpenAI]:
+    client = openai.OpenAI(
+        base_url=f"{asgi_server}/v1", api_key=issued_key.secret, max_retries=0, timeout=30
+    )
+    yield client
+    client.close()
+
+
+TIER_GETS = {
+    "temperature": 0.0,
+    "top_p": 0.9,
+    "stop": ["\n\n", "END"],
+    "seed": 42,
+    "presence_penalty": 0.5,
+    "frequency_penalty": -0.5,
+    "logit_bias": {"50256": -100.0},
+}
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("server", ["vllm", "llama.cpp"])
+def test_the_openai_sdk_sends_every_field_and_the_tier_gets_them(
+    upstream: FakeUpstream, sdk: openai.OpenAI, settings: Any, server: str
+) -> None:
+    settings.INFERENCE_SERVER = server
+    completion = sdk.chat.completions.create(
+        model="small",
+        messages=[{"role": "user", "content": "Say hello"}],
+        max_completion_tokens=20,
+        **ALL_FIELDS,
+    )
+    assert completion.choices[0].message.content == "Hello world."
+    sent = upstream.requests[0]
+    assert {k: sent.get(k) for k in TIER_GETS} == TIER_GETS
+    assert sent["max_tokens"] == 20 and sent["user"] == "end-user-7"
+    assert "metadata" not in sent and "n" not in sent and "logprobs" not in sent
+    if server == "vllm":
+        assert sent["response_format"] == JSON_SCHEMA
+    else:
+        assert sent["response_format"] == {"type": "json_object", "schema": SCHEMA}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_native_api_carries_the_same_fields_in_ollamas_dialect(
+    upstream: FakeUpstream, http: httpx.Client, settings: Any
+) -> None:
+    settings.INFERENCE_SERVER = "ollama"
+    body = {"temperature": 0.3, "seed": 5, "stop": "END", "user": "u", "top_p": 0.8}
+    frames = ask_stream(http, conversation_for(http), content="Say hello", **body)
+    assert frames[-1]["event"] == "done"
+    sent = upstream.requests[0]
+    assert {k: sent.get(k) for k in ("temperature", "seed", "stop", "top_p")} == {
+        "temperature": 0.3,
+        "seed": 5,
+        "stop": ["END"],
+        "top_p": 0.8,
+    }
+    assert "user" not in sent  # Ollama's /v1 has no use for it: it changes no output
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_field_the_server_cannot_honour_is_refused_before_anything_is_reserved(
+    upstream: FakeUpstream, sdk: openai.OpenAI, settings: Any
+) -> None:
+    settings.INFERENCE_SERVER = "ollama"
+    with pytest.raises(openai.BadRequestError) as refused:
+        sdk.chat.completions.create(
+            model="small",
+            messages=[{"role": "user", "content": "Say hello"}],
+            logit_bias={"1": 5},
+        )
+    error = refused.value.body
+    assert isinstance(error, dict)
+    assert (error["code"], error["param"]) == ("unsupported_parameter", "logit_bias")
+    assert upstream.requests == [] and not UsageRecord.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_n_above_one_and_logprobs_are_refused_by_name(
+    upstream: FakeUpstream, sdk: openai.OpenAI
+) -> None:
+    for field, value in (("n", 2), ("logprobs", True)):
+        with pytest.raises(openai.BadRequestError) as refused:
+            sdk.chat.completions.create(
+                model="small",
+                messages=[{"role": "user", "content": "Say hello"}],
+                **{field: value},
+            )
+        assert isinstance(refused.value.body, dict)
+        assert refused.value.body["param"] == field
+        assert refused.value.body["code"] == "unsupported_parameter"
+    assert upstream.requests == []
+
+
+# The response cache.
+
+
+@pytest.fixture
+def _cache_on(settings: Any) -> None:
+    settings.RESPONSE_CACHE_TTL = 3600
+    settings.RESPONSE_CACHE_REDIS_URL = ""
+
+
+def _hit(http: httpx.Client, **body: Any) -> bool:
+    frames = ask_stream(http, conversation_for(http), content="Where is the key?", **body)
+    return bool(next(f["data"] for f in frames if f["event"] == "usage")["cache_hit"])
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("_cache_on")
+def test_another_temperature_never_replays_the_others_answer(
+    upstream: FakeUpstream, http: httpx.Client
+) -> None:
+    assert not _hit(http, temperature=0)
+    assert _hit(http, temperature=0)
+    assert not _hit(http, temperature=0.5, seed=1)  # another key
+    assert _hit(http, temperature=0.5, seed=1)  # pinned by its seed: deterministic
+    assert not _hit(http, temperature=0.5, seed=2)
+    assert len(upstream.requests) == 3
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("_cache_on")
+def test_sampled_output_without_a_seed_is_never_replayed(
+    upstream: FakeUpstream, http: httpx.Client
+) -> None:
+    assert not _hit(http, temperature=0.9)
+    assert not _hit(http, temperature=0.9)
+    assert len(upstream.requests) == 2
