@@ -32,8 +32,13 @@ run: $(STAMP)
 	$(PY) manage.py setupdemo
 	$(PY) manage.py runstack
 
+# The JavaScript clients the tests drive (the openai npm package), where Node is installed.
+NODE_STAMP := node_modules/.package-lock.json
+$(NODE_STAMP): package-lock.json
+	command -v npm >/dev/null && npm ci --ignore-scripts --no-audit --no-fund || true
+
 ## Install what tests need and run the whole suite
-test: $(STAMP)
+test: $(STAMP) $(NODE_STAMP)
 	$(PY) -m pytest
 
 lint: $(STAMP)

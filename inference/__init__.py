@@ -19,10 +19,12 @@ from inference.chat import (
     ReasoningDelta,
     Sampling,
     TextDelta,
+    ToolCallDelta,
+    Tools,
     UpstreamUsage,
 )
 from inference.client import OpenAIClient, Retry, Timeouts
-from inference.dialects import sampling_refused, sampling_wire
+from inference.dialects import sampling_refused, sampling_wire, tools_refused
 from inference.errors import (
     ContextLengthExceeded,
     InferenceError,
@@ -65,6 +67,7 @@ from inference.tokenizers import (
     RemoteTokenizer,
     TiktokenTokenizer,
     Tokenizer,
+    ToolDefinition,
     escape_control_tokens,
     load_tokenizer,
     smollm2_gguf_path,
@@ -119,6 +122,9 @@ __all__ = [
     "Tokenizer",
     "TokenizerSpec",
     "TokenizerUnavailable",
+    "ToolCallDelta",
+    "ToolDefinition",
+    "Tools",
     "UpstreamProtocolError",
     "UpstreamRateLimited",
     "UpstreamRejected",
@@ -132,4 +138,5 @@ __all__ = [
     "sampling_refused",
     "sampling_wire",
     "smollm2_gguf_path",
+    "tools_refused",
 ]

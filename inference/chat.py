@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, replace
 from dataclasses import fields as dataclass_fields
 from typing import Any
 
-from inference.tokenizers import ChatMessage
+from inference.tokenizers import ChatMessage, ToolDefinition
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -38,12 +38,37 @@ class Sampling:
         return {name: value for name, value in chosen if value is not None}
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Tools:
+    """The functions the model may call and how (OpenAI's ``tools``, ``tool_choice`` and
+    ``parallel_tool_calls``; the surfaces check their shape and size). vLLM, llama.cpp,
+    Ollama's /v1 and TGI take them as OpenAI writes them; a server that cannot is named by
+    :func:`~inference.dialects.tools_refused`."""
+
+    definitions: tuple[ToolDefinition, ...]
+    choice: str | Mapping[str, Any] | None = None
+    """``none``, ``auto``, ``required`` or ``{"type": "function", "function": {"name"}}``;
+    None leaves the server's default (``auto`` with tools)."""
+    parallel: bool | None = None
+    """``parallel_tool_calls``; None leaves the server's default (allowed)."""
+
+    def fields(self) -> dict[str, Any]:
+        """The fields set, by their OpenAI names, as the wire carries them."""
+        wire: dict[str, Any] = {"tools": [dict(tool) for tool in self.definitions]}
+        if self.choice is not None:
+            wire["tool_choice"] = self.choice
+        if self.parallel is not None:
+            wire["parallel_tool_calls"] = self.parallel
+        return wire
+
+
 @dataclass(slots=True)
 class ChatRequest:
     model: str
     messages: Sequence[ChatMessage]
     max_tokens: int
     sampling: Sampling = field(default_factory=Sampling)
+    tools: Tools | None = None
     server: str = "other"
     """What the upstream runs (``registry.SERVERS``): the dialect ``sampling`` is written
     in (:func:`inference.dialects.sampling_wire`)."""
@@ -90,6 +115,8 @@ class ChatRequest:
         }
         if self.cache_salt is not None:
             body["cache_salt"] = self.cache_salt
+        if self.tools is not None:
+            body.update(self.tools.fields())
         return body
 
 
@@ -101,6 +128,18 @@ class TextDelta:
 @dataclass(frozen=True, slots=True)
 class ReasoningDelta:
     text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallDelta:
+    """A fragment of a function call, as OpenAI streams it: the call's ``index`` in the
+    message, its ``id`` and ``name`` on its first fragment, then pieces of ``arguments``
+    (a JSON text only once joined)."""
+
+    index: int
+    id: str | None = None
+    name: str | None = None
+    arguments: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,4 +156,4 @@ class UpstreamUsage:
     """None when the tier does not report it (then it is counted locally)."""
 
 
-Event = TextDelta | ReasoningDelta | Finished | UpstreamUsage
+Event = TextDelta | ReasoningDelta | ToolCallDelta | Finished | UpstreamUsage

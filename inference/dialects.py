@@ -24,7 +24,7 @@ from typing import Any
 
 import httpx
 
-from inference.chat import Sampling, UpstreamUsage
+from inference.chat import Sampling, Tools, UpstreamUsage
 from inference.errors import (
     ContextLengthExceeded,
     InferenceError,
@@ -66,6 +66,17 @@ SAMPLING_REFUSED: Mapping[str, frozenset[str]] = {
 }
 """The sampling fields a server cannot honour: a request that sets one is refused with
 the field named (:func:`sampling_refused`), never sent without it."""
+TOOLS_REFUSED: Mapping[str, frozenset[str]] = {
+    # Triton's OpenAI frontend parses tool calls only with a per-model parser chosen at
+    # its start, which nothing here can see: a request with tools is refused, not risked.
+    "triton": frozenset({"tools"}),
+    # Ollama's /v1 takes tools but not tool_choice or parallel_tool_calls (it drops them).
+    "ollama": frozenset({"tool_choice", "parallel_tool_calls"}),
+    # TGI's Messages API has no parallel_tool_calls.
+    "tgi": frozenset({"parallel_tool_calls"}),
+}
+"""The tool fields a server cannot honour (:func:`tools_refused`); vLLM and llama.cpp
+take all of them as OpenAI writes them."""
 USER_SERVERS = frozenset({"vllm", "llama.cpp", "other"})
 """Servers whose OpenAI route takes ``user``; to the others it is not sent (it is the
 caller's end user for abuse tracking and changes no output, so nothing is lost)."""
@@ -302,3 +313,17 @@ def _json_grammar(server: str, sampling: Sampling) -> dict[str, Any]:
     if server == "tgi":
         return {"type": "json_object", "value": schema or {"type": "object"}}
     return {"type": "json_object", **({"schema": schema} if schema is not None else {})}
+
+
+def tools_refused(server: str, tools: Tools | None) -> str | None:
+    """The first tool field of ``tools`` that ``server`` cannot honour, or None. A
+    ``tool_choice`` of ``auto`` is every server's default with tools, so never refused."""
+    if tools is None:
+        return None
+    refused = TOOLS_REFUSED.get(server, frozenset())
+    for name in tools.fields():
+        if name == "tool_choice" and tools.choice == "auto":
+            continue
+        if name in refused:
+            return name
+    return None

@@ -13,7 +13,7 @@ from typing import Any, cast
 import httpx
 import orjson
 
-from inference.chat import Event, Finished, ReasoningDelta, TextDelta
+from inference.chat import Event, Finished, ReasoningDelta, TextDelta, ToolCallDelta
 from inference.dialects import FINISH_REASONS, upstream_error, usage_from
 from inference.errors import Interrupted, UpstreamProtocolError
 from inference.reasoning import ThinkSplitter
@@ -166,6 +166,7 @@ def _events(chunk: dict[str, Any], splitter: ThinkSplitter) -> list[Event]:
         if content:
             for kind, text in splitter.feed(str(content)):
                 events.append(ReasoningDelta(text) if kind == "reasoning" else TextDelta(text))
+        events.extend(_tool_calls(delta.get("tool_calls")))
         if choice.get("finish_reason"):
             events.extend(
                 ReasoningDelta(text) if kind == "reasoning" else TextDelta(text)
@@ -177,3 +178,30 @@ def _events(chunk: dict[str, Any], splitter: ThinkSplitter) -> list[Event]:
     if usage is not None:
         events.append(usage)
     return events
+
+
+def _tool_calls(raw: object) -> list[ToolCallDelta]:
+    """``delta.tool_calls`` as typed fragments. Servers differ in how they cut a call
+    (vLLM and OpenAI: id and name first, then argument pieces; llama.cpp and Ollama: often
+    the whole call in one delta, Ollama without an ``index``), so each piece says what it
+    has; a call without an index is the next one."""
+    if not isinstance(raw, list):
+        return []
+    found: list[ToolCallDelta] = []
+    for position, call in enumerate(raw):
+        if not isinstance(call, dict):
+            raise UpstreamProtocolError("a tool call in the stream is not a JSON object")
+        function = call.get("function") or {}
+        index = call.get("index")
+        arguments = function.get("arguments")
+        if arguments is not None and not isinstance(arguments, str):
+            arguments = json.dumps(arguments)  # Ollama's native form: an object
+        found.append(
+            ToolCallDelta(
+                index=index if isinstance(index, int) else position,
+                id=str(call["id"]) if call.get("id") else None,
+                name=str(function["name"]) if function.get("name") else None,
+                arguments=arguments or "",
+            )
+        )
+    return found

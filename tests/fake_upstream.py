@@ -2,7 +2,8 @@
 
 It reproduces what llama.cpp's server and vLLM really send (see ``tests/fixtures/wire``):
 no usage at all when streaming (llama.cpp), a usage chunk with empty ``choices`` (vLLM),
-usage riding on a chunk that has content, ``reasoning_content`` deltas; and faults: an
+usage riding on a chunk that has content, ``reasoning_content`` deltas, tool calls streamed
+as vLLM and OpenAI stream them (id and name, then argument pieces); and faults: an
 error status before the first token, a connection dropped mid-stream, a stall, malformed
 JSON, a huge chunk. It records every request and when each client went away.
 """
@@ -46,6 +47,12 @@ class Script:
     malformed_line: bytes = b"data: {not json\n\n"
     """What ``malformed_after`` sends (a line that may carry answer text, cut short)."""
     finish_reason: str = "stop"
+    tool_calls: list[dict[str, str]] = field(default_factory=list)
+    """Calls made after the content tokens, each ``{"id", "name", "arguments"}``: a first
+    delta with the index, id, type and name (arguments ""), then the arguments in pieces of
+    ``tool_piece`` characters, as vLLM streams them (``tests/fixtures/wire``); the finish
+    reason is then ``tool_calls``."""
+    tool_piece: int = 4
     emit_max_tokens: bool = False
     paced: bool = False
     """Content tokens fall due on a fixed schedule, one every ``delay`` from the first, as
@@ -157,10 +164,12 @@ class FakeUpstream:
             sent = f"@{time.perf_counter():.6f}" if script.stamp else ""
             return b"".join(chunk({"content": text + sent}) for text in texts)
 
+        calls = _tool_call_deltas(script)
+        generated = len(tokens) + len(script.reasoning) + len(calls)
         usage = script.usage_override or {
             "prompt_tokens": script.prompt_tokens,
-            "completion_tokens": len(tokens) + len(script.reasoning),
-            "total_tokens": script.prompt_tokens + len(tokens) + len(script.reasoning),
+            "completion_tokens": generated,
+            "total_tokens": script.prompt_tokens + generated,
             "completion_tokens_details": {"reasoning_tokens": len(script.reasoning)},
             "prompt_tokens_details": {"cached_tokens": cached},
         }
@@ -195,8 +204,12 @@ class FakeUpstream:
                     late.clear()
             if late:
                 yield stamped(late)
+            for call in calls:
+                await asyncio.sleep(script.delay)
+                yield chunk({"tool_calls": [call]})
             extra = {"usage": usage} if script.usage == "on_content" else {}
-            yield chunk({}, finish=script.finish_reason, **extra)
+            finish = "tool_calls" if calls else script.finish_reason
+            yield chunk({}, finish=finish, **extra)
             if script.usage == "final_chunk":
                 payload = {
                     "id": "chatcmpl-fake",
@@ -214,6 +227,25 @@ class FakeUpstream:
             raise
         finally:
             self.active -= 1
+
+
+def _tool_call_deltas(script: Script) -> list[dict[str, Any]]:
+    """The ``delta.tool_calls`` items of ``script.tool_calls``, one per chunk."""
+    deltas: list[dict[str, Any]] = []
+    for index, call in enumerate(script.tool_calls):
+        deltas.append(
+            {
+                "index": index,
+                "id": call["id"],
+                "type": "function",
+                "function": {"name": call["name"], "arguments": ""},
+            }
+        )
+        arguments, size = call["arguments"], max(1, script.tool_piece)
+        for start in range(0, len(arguments), size):
+            piece = arguments[start : start + size]
+            deltas.append({"index": index, "function": {"arguments": piece}})
+    return deltas
 
 
 class ServerThread:

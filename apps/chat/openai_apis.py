@@ -4,12 +4,19 @@ The official ``openai`` SDK, LangChain's ``ChatOpenAI`` and LlamaIndex's ``OpenA
 work unmodified with ``base_url=<host>/v1``. RAG applies to the last user message (turn it
 off or narrow it with the extension field ``rag``); citations ride in an extension field
 ``citations``. The answer is the same stream the native API sends, re-framed.
+
+Tools pass through: ``tools``, ``tool_choice``, ``parallel_tool_calls``, assistant
+``tool_calls`` and ``tool`` messages. In a tool loop the turns after the last user message
+(the calls and their results) follow it in the prompt, after its passages, so the model
+reads a tool's result last; retrieval searches with that user message. Stored exchanges
+(``store``) keep the text; the calls live in the message's events.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 from typing import Any
 
 from django.conf import settings
@@ -47,7 +54,7 @@ from apps.core.schema import (
 from apps.core.validation import MAX_ID, chat_messages_check, message_length_check, validated
 from apps.knowledge.apis import SearchFiltersInput, search_mode_field
 from apps.knowledge.services import DEFAULT_SEARCH_MODE, embedding_model_name
-from inference import ChatMessage
+from inference import ChatMessage, Tools
 
 TEXT_PART_SEPARATOR = "\n"
 """How a message's text parts are joined: as vLLM joins them
@@ -59,6 +66,15 @@ TEXT_PART_SCHEMA = {
     "properties": {"type": {"type": "string", "enum": ["text"]}, "text": {"type": "string"}},
     "required": ["type", "text"],
 }
+
+
+MAX_TOOLS = 128
+"""OpenAI's own cap on ``tools``."""
+MAX_TOOLS_CHARS = 256 * 1024
+"""The most characters ``tools`` may take as JSON: each definition is counted into every
+prompt, so a cap well under the body's keeps the count bounded before it runs."""
+TOOL_NAME = r"^[a-zA-Z0-9_-]{1,64}$"
+"""A function's name, as OpenAI constrains it."""
 
 
 class MessageListInput(serializers.ListSerializer[dict[str, Any]]):
@@ -92,12 +108,118 @@ class MessageContentField(serializers.Field[str, str | list[Any], str, Any]):
         return value
 
 
+class FunctionCallInput(serializers.Serializer[dict[str, Any]]):
+    name = serializers.RegexField(TOOL_NAME)
+    arguments = serializers.CharField(allow_blank=True, trim_whitespace=False)
+
+
+class ToolCallInput(serializers.Serializer[dict[str, Any]]):
+    """A call an earlier assistant turn made, sent back in a tool loop."""
+
+    id = serializers.CharField(max_length=256)
+    type = serializers.ChoiceField(choices=["function"])
+    function = FunctionCallInput()
+
+
 class MessageInput(serializers.Serializer[dict[str, Any]]):
-    role = serializers.ChoiceField(choices=["system", "developer", "user", "assistant"])
-    content = MessageContentField()
+    role = serializers.ChoiceField(choices=["system", "developer", "user", "assistant", "tool"])
+    content = MessageContentField(required=False, allow_null=True)
+    tool_calls = serializers.ListField(child=ToolCallInput(), required=False, max_length=MAX_TOOLS)
+    tool_call_id = serializers.CharField(
+        required=False, max_length=256, help_text="a tool message: the call it answers"
+    )
 
     class Meta:
         list_serializer_class = MessageListInput
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        """Content may be null (or left out) only on an assistant turn that calls tools;
+        a ``tool`` turn names the call it answers; only an assistant turn calls."""
+        role = attrs["role"]
+        if attrs.get("tool_calls") and role != "assistant":
+            raise serializers.ValidationError({"tool_calls": "only an assistant turn calls."})
+        if role == "tool" and not attrs.get("tool_call_id"):
+            raise serializers.ValidationError({"tool_call_id": "a tool message needs one."})
+        if attrs.get("content") is None:
+            if not (role == "assistant" and attrs.get("tool_calls")):
+                raise serializers.ValidationError({"content": "this field is required."})
+            attrs["content"] = ""
+        return attrs
+
+
+class FunctionInput(serializers.Serializer[dict[str, Any]]):
+    name = serializers.RegexField(TOOL_NAME)
+    description = serializers.CharField(required=False, allow_blank=True)
+    parameters = serializers.DictField(required=False, help_text="a JSON Schema object")
+    strict = serializers.BooleanField(required=False, allow_null=True)
+
+
+class ToolInput(serializers.Serializer[dict[str, Any]]):
+    type = serializers.ChoiceField(choices=["function"])
+    function = FunctionInput()
+
+
+class ToolListInput(serializers.ListSerializer[dict[str, Any]]):
+    """``tools``: at most :data:`MAX_TOOLS`, :data:`MAX_TOOLS_CHARS` as JSON, checked
+    before any is validated; names unique."""
+
+    def to_internal_value(self, data: Any) -> list[dict[str, Any]]:
+        if isinstance(data, list):
+            size = len(json.dumps(data))
+            if len(data) > MAX_TOOLS or size > MAX_TOOLS_CHARS:
+                raise InvalidRequest(
+                    f"tools: {len(data)} definitions, {size} characters of JSON; at most "
+                    f"{MAX_TOOLS} and {MAX_TOOLS_CHARS} are accepted.",
+                    code="too_many_tools",
+                    param="tools",
+                )
+        tools: list[dict[str, Any]] = super().to_internal_value(data)
+        names = [tool["function"]["name"] for tool in tools]
+        if len(set(names)) != len(names):
+            raise InvalidRequest("tools: function names must be unique.", param="tools")
+        return tools
+
+
+class ToolListItemInput(ToolInput):
+    class Meta:
+        list_serializer_class = ToolListInput
+
+
+@extend_schema_field(
+    {
+        "oneOf": [
+            {"type": "string", "enum": ["none", "auto", "required"]},
+            {
+                "type": "object",
+                "properties": {
+                    "type": {"type": "string", "enum": ["function"]},
+                    "function": {
+                        "type": "object",
+                        "properties": {"name": {"type": "string"}},
+                        "required": ["name"],
+                    },
+                },
+                "required": ["type", "function"],
+            },
+        ]
+    }
+)
+class ToolChoiceField(serializers.Field[Any, Any, Any, Any]):
+    """``tool_choice``: ``none``, ``auto``, ``required``, or one function named."""
+
+    def to_internal_value(self, data: Any) -> str | dict[str, Any]:
+        if data in ("none", "auto", "required"):
+            return str(data)
+        if isinstance(data, dict) and data.get("type") == "function":
+            name = (data.get("function") or {}).get("name")
+            if isinstance(name, str) and name:
+                return {"type": "function", "function": {"name": name}}
+        raise serializers.ValidationError(
+            'none, auto, required or {"type": "function", "function": {"name": …}}.'
+        )
+
+    def to_representation(self, value: Any) -> Any:
+        return value
 
 
 class RagInput(serializers.Serializer[dict[str, Any]]):
@@ -132,6 +254,9 @@ class ChatCompletionsApi(AsyncApiView):
             min_value=1,
             help_text="the same as max_tokens (OpenAI's newer name); both given must agree",
         )
+        tools = ToolListItemInput(many=True, required=False, allow_empty=False)
+        tool_choice = ToolChoiceField(required=False)
+        parallel_tool_calls = serializers.BooleanField(required=False)
         rag = RagInput(required=False)
         store = serializers.BooleanField(
             required=False,
@@ -146,10 +271,19 @@ class ChatCompletionsApi(AsyncApiView):
         )
 
         def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-            """The answer is to the last message: it must be the user's. ``max_tokens`` and
-            ``max_completion_tokens`` are one limit: given both, they must agree."""
-            if attrs["messages"][-1]["role"] != "user":
-                raise InvalidRequest("The last message must be the user's.", param="messages")
+            """The answer is to the last message: the user's, or in a tool loop a tool's
+            result after a user message. ``max_tokens`` and ``max_completion_tokens`` are
+            one limit: given both, they must agree. ``tool_choice`` needs ``tools``, and a
+            function it names is one of them."""
+            messages = attrs["messages"]
+            if messages[-1]["role"] not in ("user", "tool") or not any(
+                m["role"] == "user" for m in messages
+            ):
+                raise InvalidRequest(
+                    "The last message must be the user's, or a tool's result after a user message.",
+                    param="messages",
+                )
+            _tools_check(attrs)
             limits = {attrs.get("max_tokens"), attrs.get("max_completion_tokens")} - {None}
             if len(limits) > 1:
                 raise InvalidRequest(
@@ -165,17 +299,18 @@ class ChatCompletionsApi(AsyncApiView):
             """The answer ``data`` (validated) asks for: RAG on the last user message, the
             earlier user and assistant turns as history, the system and developer
             messages as instructions."""
-            messages: list[dict[str, str]] = data["messages"]
+            messages: list[dict[str, Any]] = data["messages"]
             rag = data.get("rag") or {"enabled": True, "top_k": 5, "mode": DEFAULT_SEARCH_MODE}
             collections = rag.get("collections")
+            asked = max(i for i, m in enumerate(messages) if m["role"] == "user")
             return services.AnswerRequest(
                 caller=caller,
                 model=model,
-                content=messages[-1]["content"],
+                content=messages[asked]["content"],
                 conversation=None,  # a new one, written with the messages if stored
-                history=tuple(
-                    _chat(m) for m in messages[:-1] if m["role"] in ("user", "assistant")
-                ),
+                history=tuple(_chat(m) for m in messages[:asked] if m["role"] in TURNS),
+                tail=tuple(_chat(m) for m in messages[asked + 1 :] if m["role"] in TURNS),
+                tools=_tools(data),
                 instructions="\n\n".join(
                     m["content"] for m in messages if m["role"] in ("system", "developer")
                 ),
@@ -204,8 +339,9 @@ class ChatCompletionsApi(AsyncApiView):
             ),
             400: OpenApiResponse(
                 description="context_length_exceeded, max_tokens_too_large, too_many_messages, "
-                "too_many_content_parts, unsupported_parameter (a content part that is not "
-                "text), invalid_value (store: false with an Idempotency-Key)"
+                "too_many_content_parts, too_many_tools, unsupported_parameter (a content part "
+                "that is not text; tools, tool_choice or parallel_tool_calls the model's "
+                "server cannot honour), invalid_value (store: false with an Idempotency-Key)"
             ),
             404: OpenApiResponse(description="model_not_found: no such model alias"),
             **ANSWER_RESPONSES,
@@ -356,5 +492,54 @@ def _is_text_part(part: object) -> bool:
     )
 
 
-def _chat(message: dict[str, str]) -> ChatMessage:
-    return {"role": message["role"], "content": message["content"]}
+TURNS = ("user", "assistant", "tool")
+"""The roles that are turns of the conversation (system and developer messages are
+instructions)."""
+
+
+def _chat(message: dict[str, Any]) -> ChatMessage:
+    chat: ChatMessage = {"role": message["role"], "content": message["content"]}
+    if message.get("tool_calls"):
+        chat["tool_calls"] = [
+            {"id": c["id"], "type": c["type"], "function": dict(c["function"])}
+            for c in message["tool_calls"]
+        ]
+    if message["role"] == "tool":
+        chat["tool_call_id"] = message["tool_call_id"]
+    return chat
+
+
+def _tools_check(attrs: dict[str, Any]) -> None:
+    """``tool_choice`` and ``parallel_tool_calls`` mean nothing without ``tools`` (400, as
+    OpenAI answers); a function ``tool_choice`` names is one of them."""
+    tools, choice = attrs.get("tools"), attrs.get("tool_choice")
+    if not tools:
+        for name in ("tool_choice", "parallel_tool_calls"):
+            if attrs.get(name) is not None:
+                raise InvalidRequest(f"{name} is only allowed when tools are given.", param=name)
+        return
+    if isinstance(choice, dict):
+        named = choice["function"]["name"]
+        if named not in {tool["function"]["name"] for tool in tools}:
+            raise InvalidRequest(
+                f"tool_choice names {named[:64]!r}, which is not among tools.",
+                param="tool_choice",
+            )
+
+
+def _tools(data: dict[str, Any]) -> Tools | None:
+    tools = data.get("tools")
+    if not tools:
+        return None
+    definitions = tuple(
+        {
+            "type": "function",
+            "function": {k: v for k, v in tool["function"].items() if v is not None},
+        }
+        for tool in tools
+    )
+    return Tools(
+        definitions=definitions,
+        choice=data.get("tool_choice"),
+        parallel=data.get("parallel_tool_calls"),
+    )

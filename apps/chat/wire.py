@@ -35,6 +35,7 @@ from apps.chat.services.types import (
     Reasoning,
     Retrieved,
     Started,
+    ToolCall,
     UsageReport,
 )
 from apps.chat.sse import event_stream_response, frame, frame_data, with_pings
@@ -144,6 +145,8 @@ class OpenAIWire:
                     yield chunk({"content": text})
                 case Reasoning(text=text):  # vLLM's and DeepSeek's field
                     yield chunk({"reasoning_content": text})
+                case ToolCall():  # OpenAI's argument deltas, one fragment a chunk
+                    yield chunk({"tool_calls": [event.data()]})
                 case Failed():
                     yield frame_data({"error": event.data()})
                 case UsageReport(usage=reported):
@@ -162,10 +165,14 @@ class OpenAIWire:
 def openai_completion(answer: CollectedAnswer, *, model: str = "") -> dict[str, Any]:
     """``answer`` as a ``chat.completion``; ``model``: the alias named, where the answer
     does not say which served. The message carries ``reasoning_content`` (as vLLM and
-    DeepSeek send it) only when the model reasoned."""
+    DeepSeek send it) only when the model reasoned, and ``tool_calls`` only when it called
+    a function."""
     message: dict[str, Any] = {"role": "assistant", "content": answer.content}
     if answer.reasoning:
         message["reasoning_content"] = answer.reasoning
+    if answer.tool_calls:  # as OpenAI: content null when the model only called
+        message["tool_calls"] = answer.tool_calls
+        message["content"] = answer.content or None
     return {
         "id": f"chatcmpl-{answer.message_id}",
         "object": "chat.completion",
@@ -202,6 +209,14 @@ def _typed(name: str, data: dict[str, Any]) -> AnswerEvent | None:
             return Delta(text=data["text"])
         case Reasoning.name:
             return Reasoning(text=data["text"])
+        case ToolCall.name:
+            function = data["function"]
+            return ToolCall(
+                index=data["index"],
+                call_id=data.get("id"),
+                function=function.get("name"),
+                arguments=function["arguments"],
+            )
         case UsageReport.name:
             fields = {k: v for k, v in data.items() if k != "total_tokens"}
             return UsageReport(usage=Usage(**fields))

@@ -28,6 +28,7 @@ from inference.tokenizers.base import (
     WORD_JOINER,
     ChatMessage,
     Tokenizer,
+    ToolDefinition,
     escape_control_tokens,
     special_tokens_pattern,
 )
@@ -58,6 +59,7 @@ __all__ = [
     "TiktokenEncoding",
     "TiktokenTokenizer",
     "Tokenizer",
+    "ToolDefinition",
     "escape_control_tokens",
     "load_tokenizer",
     "smollm2_gguf_path",

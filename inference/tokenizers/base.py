@@ -10,13 +10,22 @@ character, which leaves it visible but ordinary text.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Sequence
-from typing import Protocol, TypedDict, runtime_checkable
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, NotRequired, Protocol, TypedDict, runtime_checkable
 
 
 class ChatMessage(TypedDict):
     role: str
     content: str
+    tool_calls: NotRequired[list[dict[str, Any]]]
+    """An assistant turn's function calls, in OpenAI's shape (its ``content`` may be "")."""
+    tool_call_id: NotRequired[str]
+    """A ``tool`` turn: the call it answers."""
+
+
+ToolDefinition = Mapping[str, Any]
+"""One of OpenAI's ``tools``: ``{"type": "function", "function": {"name", "description"?,
+"parameters"?}}``, rendered by the chat template as the tier renders it."""
 
 
 @runtime_checkable
@@ -30,10 +39,13 @@ class Tokenizer(Protocol):
     def count(self, text: str) -> int:
         """Tokens of ``text`` alone, as plain text: no template, no BOS, no special token."""
 
-    def count_chat(self, messages: Sequence[ChatMessage]) -> int:
+    def count_chat(
+        self, messages: Sequence[ChatMessage], *, tools: Sequence[ToolDefinition] = ()
+    ) -> int:
         """Tokens of the prompt the model sees for ``messages``, generation prompt included:
         the template's role markers are special tokens, the contents plain text (escaped
-        as :meth:`escape` does, as :func:`inference.assemble_prompt` sends them)."""
+        as :meth:`escape` does, as :func:`inference.assemble_prompt` sends them), and
+        ``tools`` as the template renders them (a template that ignores them: none)."""
 
 
 WORD_JOINER = "\u2060"
@@ -71,4 +83,6 @@ def special_tokens_pattern(tokens: Iterable[str]) -> re.Pattern[str] | None:
 def escaped_messages(
     messages: Sequence[ChatMessage], escape: Callable[[str], str]
 ) -> list[ChatMessage]:
-    return [{"role": m["role"], "content": escape(m["content"])} for m in messages]
+    """``messages`` with their contents escaped; tool calls and tool call ids kept as they
+    are (they are JSON the template writes, not text a caller could forge a turn with)."""
+    return [{**m, "content": escape(m["content"])} for m in messages]

@@ -12,6 +12,7 @@ from typing import Any
 from inference.errors import TokenizerUnavailable
 from inference.tokenizers.base import (
     ChatMessage,
+    ToolDefinition,
     escape_control_tokens,
     escaped_messages,
     special_tokens_pattern,
@@ -99,9 +100,13 @@ class GGUFTokenizer:
     def escape(self, text: str) -> str:
         return escape_control_tokens(text, self._specials) if self._specials else text
 
-    def render(self, messages: Sequence[ChatMessage]) -> str:
-        """The templated prompt for ``messages``, contents escaped."""
-        return str(self._formatter(messages=escaped_messages(messages, self.escape)).prompt)
+    def render(
+        self, messages: Sequence[ChatMessage], *, tools: Sequence[ToolDefinition] = ()
+    ) -> str:
+        """The templated prompt for ``messages`` (and ``tools``, passed to the template as
+        llama-cpp-python's server passes them), contents escaped."""
+        escaped = escaped_messages(messages, self.escape)
+        return str(self._formatter(messages=escaped, tools=list(tools) or None).prompt)
 
     def encode(self, text: str) -> list[int]:
         ids: list[int] = self._llama.tokenize(
@@ -144,8 +149,10 @@ class GGUFTokenizer:
     def count(self, text: str) -> int:
         return self._count(self.escape(text), special=False)
 
-    def count_chat(self, messages: Sequence[ChatMessage]) -> int:
-        prompt = self.render(messages)
+    def count_chat(
+        self, messages: Sequence[ChatMessage], *, tools: Sequence[ToolDefinition] = ()
+    ) -> int:
+        prompt = self.render(messages, tools=tools)
         if self._cuts is None:
             return self._count(prompt, special=True)
         total, start = 0, 0

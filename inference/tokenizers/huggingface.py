@@ -9,6 +9,7 @@ from typing import Any
 from inference.errors import TokenizerUnavailable
 from inference.tokenizers.base import (
     ChatMessage,
+    ToolDefinition,
     escape_control_tokens,
     escaped_messages,
     special_tokens_pattern,
@@ -41,9 +42,14 @@ class HFTokenizer:
         )["input_ids"]
         return ids
 
-    def encode_chat(self, messages: Sequence[ChatMessage]) -> list[int]:
+    def encode_chat(
+        self, messages: Sequence[ChatMessage], *, tools: Sequence[ToolDefinition] = ()
+    ) -> list[int]:
         ids = self._tokenizer.apply_chat_template(
-            escaped_messages(messages, self.escape), add_generation_prompt=True, tokenize=True
+            escaped_messages(messages, self.escape),
+            tools=list(tools) or None,  # as vLLM renders them
+            add_generation_prompt=True,
+            tokenize=True,
         )
         # A BatchEncoding (a Mapping, not a dict) in recent transformers, a list before.
         return list(ids["input_ids"] if isinstance(ids, Mapping) else ids)
@@ -51,5 +57,7 @@ class HFTokenizer:
     def count(self, text: str) -> int:
         return len(self.encode(text))
 
-    def count_chat(self, messages: Sequence[ChatMessage]) -> int:
-        return len(self.encode_chat(messages))
+    def count_chat(
+        self, messages: Sequence[ChatMessage], *, tools: Sequence[ToolDefinition] = ()
+    ) -> int:
+        return len(self.encode_chat(messages, tools=tools))

@@ -9,7 +9,12 @@ from typing import Any
 import httpx
 
 from inference.errors import TokenizerUnavailable
-from inference.tokenizers.base import ChatMessage, escape_control_tokens, escaped_messages
+from inference.tokenizers.base import (
+    ChatMessage,
+    ToolDefinition,
+    escape_control_tokens,
+    escaped_messages,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +59,11 @@ class RemoteTokenizer:
     def count(self, text: str) -> int:
         return self._count({"prompt": self.escape(text), "add_special_tokens": False})
 
-    def count_chat(self, messages: Sequence[ChatMessage]) -> int:
+    def count_chat(
+        self, messages: Sequence[ChatMessage], *, tools: Sequence[ToolDefinition] = ()
+    ) -> int:
         escaped = escaped_messages(messages, self.escape)
-        return self._count({"messages": escaped, "add_generation_prompt": True})
+        body: dict[str, Any] = {"messages": escaped, "add_generation_prompt": True}
+        if tools:
+            body["tools"] = list(tools)  # vLLM's /tokenize renders them as a chat would
+        return self._count(body)

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from inference.errors import TokenizerUnavailable
-from inference.tokenizers.base import ChatMessage, escape_control_tokens
+from inference.tokenizers.base import ChatMessage, ToolDefinition, escape_control_tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,12 +139,16 @@ class TiktokenTokenizer:
     def count(self, text: str) -> int:
         return len(self.encode(text))
 
-    def count_chat(self, messages: Sequence[ChatMessage]) -> int:
+    def count_chat(
+        self, messages: Sequence[ChatMessage], *, tools: Sequence[ToolDefinition] = ()
+    ) -> int:
         # Every value of a message is counted, as the cookbook does: the role, the content
-        # and a ``name`` when a caller's message carries one.
-        total = TOKENS_REPLY_PRIMING
+        # and a ``name`` when a caller's message carries one. OpenAI publishes no rendering
+        # of tools and tool calls: their JSON is counted, a floor of what they cost.
+        total = TOKENS_REPLY_PRIMING + (self.count(json.dumps(list(tools))) if tools else 0)
         for message in messages:
             total += TOKENS_PER_MESSAGE
             for key, value in message.items():
-                total += self.count(str(value)) + (TOKENS_PER_NAME if key == "name" else 0)
+                text = value if isinstance(value, str) else json.dumps(value)
+                total += self.count(text) + (TOKENS_PER_NAME if key == "name" else 0)
         return total

@@ -10,7 +10,14 @@ from collections.abc import AsyncIterator
 
 from apps.chat.models import Message
 from apps.chat.services.run import AnswerRun
-from apps.chat.services.types import AnswerEvent, Delta, Failed, Reasoning, Retrieved
+from apps.chat.services.types import (
+    AnswerEvent,
+    Delta,
+    Failed,
+    Reasoning,
+    Retrieved,
+    ToolCall,
+)
 from apps.core.exceptions import InvalidRequest, as_application_error, mid_stream_error
 from apps.usage import metrics
 from inference import (
@@ -19,6 +26,7 @@ from inference import (
     Interrupted,
     ReasoningDelta,
     TextDelta,
+    ToolCallDelta,
     UpstreamUsage,
 )
 
@@ -33,6 +41,7 @@ async def answer_events(run: AnswerRun) -> AsyncIterator[AnswerEvent]:
     """The answer's events; the caller may stop iterating at any time (client gone)."""
     prepared, generation = run.prepared, run.generation
     upstream = run.upstream
+    calls: set[int] = set()  # the tool calls begun
     async with run:
         try:
             yield run.emit(run.open())
@@ -50,6 +59,10 @@ async def answer_events(run: AnswerRun) -> AsyncIterator[AnswerEvent]:
                                 if prepared.want_reasoning:
                                     yield run.emit(Reasoning(text=text))
                             run.write_rows()  # the first token is out
+                        case ToolCallDelta():
+                            _tick(run, time.monotonic())
+                            yield run.emit(_tool_call(event, generation.tool_text, calls))
+                            run.write_rows()
                         case Finished(reason=reason):
                             generation.finish_reason = reason
                         case UpstreamUsage():
@@ -76,6 +89,22 @@ async def answer_events(run: AnswerRun) -> AsyncIterator[AnswerEvent]:
             yield run.emit(Failed(error=run.error))
         for ending in await run.settle():
             yield ending
+
+
+def _tool_call(fragment: ToolCallDelta, generated: list[str], begun: set[int]) -> ToolCall:
+    """``fragment`` as OpenAI streams it: the call's id and name on its first fragment
+    only (llama-cpp-python repeats them on every one, which OpenAI's clients would join),
+    its text kept among what was ``generated``."""
+    first = fragment.index not in begun
+    begun.add(fragment.index)
+    name = fragment.name if first else None
+    generated.append((name or "") + fragment.arguments)
+    return ToolCall(
+        index=fragment.index,
+        call_id=fragment.id if first else None,
+        function=name,
+        arguments=fragment.arguments,
+    )
 
 
 def _tick(run: AnswerRun, now: float) -> None:

@@ -50,8 +50,10 @@ from inference import (
     Passage,
     Prompt,
     Sampling,
+    Tools,
     assemble_prompt,
     sampling_refused,
+    tools_refused,
 )
 
 HISTORY_MESSAGES = 40
@@ -74,6 +76,7 @@ class PreparedAnswer:
     sampling: Sampling = field(default_factory=Sampling)
     """What the caller chose of the sampling, written in each server's dialect."""
     extra: dict[str, Any] = field(default_factory=dict)
+    tools: Tools | None = None
     store: bool = True
     """False: no conversation, message or event is written; the usage row still is."""
     cache_key: str | None = None
@@ -93,6 +96,7 @@ class PreparedAnswer:
             messages=self.prompt.messages,
             max_tokens=self.max_tokens,
             sampling=self.sampling,
+            tools=self.tools,
             server=self.spec.entry.server,
             extra=self.extra,
             reasoning_opened=self.spec.reasoning_opened,
@@ -139,7 +143,7 @@ def _admit(request: AnswerRequest) -> _Admitted:
     limits = limits_cache.get(team=request.caller.team, api_key=request.caller.api_key)
     cap = max_tokens_cap(limits=limits)
     candidates = _candidates(request.model, max_tokens=request.max_tokens, cap=cap)
-    candidates = _honouring(candidates, request.tier_sampling)
+    candidates = _honouring(candidates, request.tier_sampling, request.tools)
     started = time.monotonic()
     assemble = _Assembler(request, history=history, cap=cap)
     spec, bare = _first_fitting(candidates, assemble)
@@ -173,6 +177,7 @@ def _ground(admitted: _Admitted) -> PreparedAnswer:
         reservation=admitted.reservation,
         want_reasoning=request.want_reasoning,
         sampling=request.tier_sampling,
+        tools=request.tools,
         store=request.store or admitted.conversation is not None,
         cache_key=cache_key,
         requested=request.model.requested,
@@ -204,6 +209,8 @@ class _Assembler:
         self.question = request.content
         self.max_tokens = request.max_tokens
         self.history = history
+        self.tail = request.tail
+        self.tools = request.tools.definitions if request.tools is not None else ()
         self.cap = cap
         instructions = request.instructions
         self.system = f"{SYSTEM_PROMPT}\n\n{instructions}" if instructions else SYSTEM_PROMPT
@@ -222,6 +229,8 @@ class _Assembler:
                 context_window=spec.context_window,
                 max_output_tokens=self.output_tokens(spec),
                 max_chars_per_token=settings.MAX_CHARS_PER_TOKEN,
+                tools=self.tools,
+                tail=self.tail,
             )
         except ContextLengthExceeded:
             metrics.CONTEXT_LENGTH_EXCEEDED.inc()
@@ -284,8 +293,10 @@ def _cache_key(
     collections: list[int] | None,
 ) -> str | None:
     """The response cache's key, or None: not cached (history, ``cache: false``, the cache
-    off, or sampled output asked for: :attr:`AnswerRequest.deterministic`)."""
-    if not request.cache or history or settings.RESPONSE_CACHE_TTL <= 0:
+    off, tools (a call is no answer to replay), or sampled output asked for:
+    :attr:`AnswerRequest.deterministic`)."""
+    uncached = history or request.tools or request.tail
+    if not request.cache or uncached or settings.RESPONSE_CACHE_TTL <= 0:
         return None
     if not request.deterministic:
         return None
@@ -323,20 +334,30 @@ def _candidates(model: ModelChoice, *, max_tokens: int | None, cap: int | None) 
     return allowed
 
 
-def _honouring(candidates: list[ModelSpec], sampling: Sampling) -> list[ModelSpec]:
-    """The candidates whose server, and every fallback's, honours each sampling field set.
+def _honouring(
+    candidates: list[ModelSpec], sampling: Sampling, tools: Tools | None = None
+) -> list[ModelSpec]:
+    """The candidates whose server, and every fallback's, honours each sampling and tool
+    field set.
     With ``auto`` one that cannot is passed over, as for ``max_tokens``; a fallback that
     cannot rules its alias out, since the answer would otherwise be generated without the
     field whenever the fallback serves it. None left: 400 ``unsupported_parameter`` naming
     the field, before anything is reserved."""
-    if not sampling.fields():
+    if not sampling.fields() and tools is None:
         return candidates
     refused: str | None = None
     kept: list[ModelSpec] = []
     for spec in candidates:
         chain = model_registry().chain(spec.alias)
         field_name = next(
-            (name for entry in chain if (name := sampling_refused(entry.server, sampling))),
+            (
+                name
+                for entry in chain
+                if (
+                    name := sampling_refused(entry.server, sampling)
+                    or tools_refused(entry.server, tools)
+                )
+            ),
             None,
         )
         if field_name is None:

@@ -14,7 +14,7 @@ from typing import Any
 from apps.accounts.selectors import Caller
 from apps.chat.services.registry import ModelChoice
 from apps.knowledge.services import DEFAULT_SEARCH_MODE, SearchFilters, SearchMode
-from inference import ChatMessage, Sampling
+from inference import ChatMessage, Sampling, Tools
 
 SAMPLING = "sampling"
 
@@ -46,6 +46,12 @@ class AnswerRequest:
     own); None: the stored turns, if any."""
     instructions: str = ""
     """A client's system message: it follows the system prompt."""
+    tail: tuple[ChatMessage, ...] = ()
+    """A tool loop's turns after the question (the assistant's ``tool_calls``, the
+    ``tool`` results): they follow it in the prompt, whole, after its passages."""
+    tools: Tools | None = None
+    """The functions the model may call (OpenAI's ``tools``, ``tool_choice``,
+    ``parallel_tool_calls``), passed to the tier; a server that cannot take them is a 400."""
 
     rag: bool = True
     collection_ids: tuple[int, ...] | None = None

@@ -59,6 +59,8 @@ class Generation:
 
     text: list[str] = field(default_factory=list)
     reasoning: list[str] = field(default_factory=list)
+    tool_text: list[str] = field(default_factory=list)
+    """The function names and argument pieces of the tool calls: generated tokens too."""
     upstream: UpstreamUsage | None = None
     finish_reason: str | None = None
     started: float = field(default_factory=time.monotonic)
@@ -115,10 +117,14 @@ def usage_of(
     else:
         prompt_tokens, cached_tokens = prepared.prompt.prompt_tokens, 0
         if served.tokenizer != prepared.spec.entry.tokenizer:
-            prompt_tokens = counter.count_chat(prepared.prompt.messages)
+            prompt_tokens = counter.count_chat(
+                prepared.prompt.messages, tools=prepared.prompt.tools
+            )
         reasoning_tokens = count(reasoning_text) if reasoning_text else 0
         answer = "".join(generation.text)
+        calls = "".join(generation.tool_text)
         completion_tokens = reasoning_tokens + (count(answer) if answer else 0)
+        completion_tokens += count(calls) if calls else 0
     now = time.monotonic()
     first = generation.first_token
     decode = now - (first or now)

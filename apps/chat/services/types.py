@@ -82,6 +82,28 @@ class Reasoning(AnswerEvent):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ToolCall(AnswerEvent):
+    """A fragment of a function call the model makes (OpenAI's ``delta.tool_calls``):
+    ``call_id`` and ``function`` on a call's first fragment, then pieces of ``arguments``,
+    joined per ``index`` by whoever needs the whole call."""
+
+    name: ClassVar[str] = "tool_call"
+    index: int
+    call_id: str | None = None
+    function: str | None = None
+    arguments: str = ""
+
+    def data(self) -> dict[str, Any]:
+        function: dict[str, Any] = {"arguments": self.arguments}
+        if self.function is not None:
+            function["name"] = self.function
+        call: dict[str, Any] = {"index": self.index, "function": function}
+        if self.call_id is not None:
+            call = {"index": self.index, "id": self.call_id, "type": "function", **call}
+        return call
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class UsageReport(AnswerEvent):
     name: ClassVar[str] = "usage"
     usage: Usage
