@@ -24,6 +24,7 @@ from apps.accounts.selectors import Caller
 from apps.chat import selectors, services
 from apps.chat.sampling_input import SamplingInput, sampling_values
 from apps.chat.serializers import (
+    ANSWER_EVENTS,
     AnswerOutput,
     ConversationDetailOutput,
     ConversationOutput,
@@ -53,8 +54,6 @@ from apps.core.schema import (
 )
 from apps.core.validation import MAX_ID, message_length_check, validated
 from apps.knowledge.apis import SearchFiltersInput, search_mode_field
-
-ANSWER_EVENTS = ["message", "retrieval", "delta", "reasoning", "usage", "error", "done"]
 
 
 class ConversationListCreateApi(APIView):

@@ -22,6 +22,7 @@ from rest_framework.response import Response
 from apps.accounts.permissions import get_caller
 from apps.core.aio import AsyncApiView
 from apps.core.exceptions import InvalidRequest
+from apps.core.schema import ConstantField
 from apps.core.validation import validated
 from apps.knowledge.services import EmbeddingBatch, embeddings_create
 
@@ -106,7 +107,7 @@ class EmbeddingVectorField(serializers.Field):  # type: ignore[type-arg]
 
 
 class EmbeddingOutput(serializers.Serializer[dict[str, Any]]):
-    object = serializers.ChoiceField(choices=["embedding"])
+    object = ConstantField("embedding")
     index = serializers.IntegerField(min_value=0)
     embedding = EmbeddingVectorField()
 
@@ -119,7 +120,7 @@ class EmbeddingUsageOutput(serializers.Serializer[dict[str, Any]]):
 
 
 class EmbeddingListOutput(serializers.Serializer[dict[str, Any]]):
-    object = serializers.ChoiceField(choices=["list"])
+    object = ConstantField("list")
     data = EmbeddingOutput(many=True, help_text="One per input, in order.")  # type: ignore[assignment]
     model = serializers.CharField()
     usage = EmbeddingUsageOutput()

@@ -21,7 +21,6 @@ from typing import Any
 
 from django.conf import settings
 from django.http import HttpResponseBase
-from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_field
 from rest_framework import serializers
 from rest_framework.renderers import JSONRenderer
@@ -33,6 +32,11 @@ from apps.accounts.permissions import get_caller
 from apps.accounts.selectors import Caller
 from apps.chat import selectors, services
 from apps.chat.sampling_input import SamplingInput, sampling_values
+from apps.chat.serializers import (
+    ChatCompletionChunkOutput,
+    ChatCompletionOutput,
+    ModelListOutput,
+)
 from apps.chat.services import CollectedAnswer
 from apps.chat.sse import EventStreamRenderer, event_stream_response, with_pings
 from apps.chat.wire import OpenAIWire, answer_respond, openai_completion, stored_events
@@ -48,6 +52,7 @@ from apps.core.models import IdempotencyKey
 from apps.core.schema import (
     ANSWER_RESPONSES,
     IDEMPOTENCY_RESPONSES,
+    ErrorSerializer,
     event_stream,
     idempotency_key_parameter,
 )
@@ -332,10 +337,13 @@ class ChatCompletionsApi(AsyncApiView):
         responses={
             **IDEMPOTENCY_RESPONSES,
             (200, "application/json"): OpenApiResponse(
-                response=OpenApiTypes.OBJECT, description="chat.completion"
+                response=ChatCompletionOutput, description="chat.completion"
             ),
             (200, "text/event-stream"): event_stream(
-                "with stream: chat.completion.chunk events, then [DONE]"
+                "with stream: chat.completion.chunk events (an error after the first: "
+                "{error}), then [DONE]",
+                data=[ChatCompletionChunkOutput, ErrorSerializer],
+                sentinel="[DONE]",
             ),
             400: OpenApiResponse(
                 description="context_length_exceeded, max_tokens_too_large, too_many_messages, "
@@ -421,11 +429,7 @@ async def completion_replay(
 class ModelListApi(APIView):
     required_scopes = {"GET": "chat"}
 
-    @extend_schema(
-        responses={
-            200: OpenApiResponse(response=OpenApiTypes.OBJECT, description="OpenAI model list")
-        }
-    )
+    @extend_schema(responses={200: ModelListOutput})
     def get(self, request: Request) -> Response:
         """The model aliases this deployment serves, and its embedding model (for
         ``/v1/embeddings``) under the model's own name."""

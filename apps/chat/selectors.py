@@ -12,6 +12,7 @@ from django.utils import timezone
 from apps.accounts.models import Team
 from apps.chat.models import Conversation, Message
 from apps.core.exceptions import NotFound
+from apps.core.validation import MAX_ID
 from apps.usage.values import USAGE_COLUMNS, Usage
 from inference import ChatMessage
 
@@ -44,7 +45,12 @@ def conversation_history(
     read an answer makes before the tier is called, in one query: through the ORM, compiling
     the SQL and building model instances cost more than the read (docs/gateway.md). The
     conversation comes with ``collection_ids``; its other fields load when read, as after
-    ``only()``."""
+    ``only()``.
+
+    An id past the database's integer is no conversation: the ORM's lookups say so
+    themselves, raw SQL would raise."""
+    if not 0 < conversation_id <= MAX_ID:
+        raise NotFound(f"No conversation {conversation_id}.")
     conversations, messages = Conversation._meta, Message._meta
     tables = {"conversations": conversations.db_table, "messages": messages.db_table}
     sql = _HISTORY_SQL.format(**tables)

@@ -1,4 +1,5 @@
-"""The OpenAPI schema's one place for what every operation shares: the error responses.
+"""The OpenAPI schema's one place for what every operation shares: the error responses,
+and the shape of a ``text/event-stream`` response (:func:`event_stream`).
 
 ``AutoSchema`` (``DEFAULT_SCHEMA_CLASS``) adds to each operation the errors it can answer,
 all with the one ``Error`` component (see :mod:`apps.core.exceptions`), derived from what
@@ -12,11 +13,12 @@ body here.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from drf_spectacular import openapi
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
-from drf_spectacular.plumbing import build_bearer_security_scheme_object
+from drf_spectacular.plumbing import build_bearer_security_scheme_object, list_hash
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse
 from rest_framework import serializers
 from rest_framework.settings import api_settings
@@ -60,19 +62,39 @@ ERROR_HEADERS: dict[int, dict[str, Any]] = {
 }
 
 
-def event_stream(description: str, *, events: list[str] | None = None) -> OpenApiResponse:
-    """A ``text/event-stream`` response, its schema describing one event: its ``data`` (a
-    JSON document, or ``[DONE]`` on the OpenAI wire), and its ``event`` name and ``id``
-    where the stream names them."""
-    event: dict[str, Any] = {"type": "string"}
-    if events:
-        event["enum"] = events
-    schema = {
-        "type": "object",
-        "properties": {"data": {"type": "string"}, "event": event, "id": {"type": "string"}},
-        "required": ["data", "event", "id"] if events else ["data"],
-    }
-    return OpenApiResponse(response=schema, description=description)
+EVENTS_KEY = "x-ragtier-events"
+"""Marks an :func:`event_stream` schema for :class:`AutoSchema` to build: its events' data
+are serializers, resolved to components only when the operation is generated."""
+
+EventData = type[serializers.Serializer[Any]]
+
+
+def event_stream(
+    description: str,
+    *,
+    events: Mapping[str, EventData] | None = None,
+    data: Sequence[EventData] = (),
+    sentinel: str | None = None,
+) -> OpenApiResponse:
+    """A ``text/event-stream`` response, its schema describing one event.
+
+    ``events``: a stream of named events (``event:``, ``id:``), each name with the
+    serializer of its JSON ``data``. Otherwise an unnamed stream (the OpenAI wire): each
+    ``data`` is JSON in one of ``data``'s serializers, or the ``sentinel`` as is
+    (``[DONE]``). The data is declared as JSON (``contentMediaType``) with its
+    ``contentSchema``, so a conformance check reads each event's JSON, not a bare string."""
+    marker = {EVENTS_KEY: {"events": dict(events or {}), "data": tuple(data), "sentinel": sentinel}}
+    return OpenApiResponse(response=marker, description=description)
+
+
+class ConstantField(serializers.CharField):
+    """A string the response always holds as ``value`` (OpenAI's ``object: "list"``,
+    ``role: "assistant"``): in the schema an enum of one, named after its component, so
+    that the constants of many components never collide in one named enum."""
+
+    def __init__(self, value: str, **kwargs: Any) -> None:
+        self.value = value
+        super().__init__(**kwargs)
 
 
 class ErrorDetailSerializer(serializers.Serializer[dict[str, Any]]):
@@ -105,7 +127,18 @@ class AutoSchema(openapi.AutoSchema):
         self, field: Any, direction: Any, bypass_extensions: bool = False
     ) -> dict[str, Any]:
         """What DRF's fields refuse beyond their types: an empty list where ``allow_empty``
-        is off, and NUL characters in text (``ProhibitNullCharactersValidator``)."""
+        is off, and NUL characters in text (``ProhibitNullCharactersValidator``). A
+        :class:`ConstantField` is its value."""
+        if isinstance(field, ConstantField):
+            owner = type(field.parent).__name__
+            constant: dict[str, Any] = {
+                "type": "string",
+                "enum": [field.value],
+                "x-spec-enum-id": list_hash([(owner, field.value)]),  # its own, per component
+            }
+            if field.help_text:
+                constant["description"] = str(field.help_text)
+            return constant
         schema: dict[str, Any] = super()._map_serializer_field(  # type: ignore[no-untyped-call]
             field, direction, bypass_extensions
         )
@@ -129,6 +162,8 @@ class AutoSchema(openapi.AutoSchema):
         if operation is None:
             return None
         responses: dict[str, Any] = operation.setdefault("responses", {})
+        for response in responses.values():
+            self._with_event_schemas(response)
         for status in self._error_statuses(operation):
             responses.setdefault(str(status), {"description": ERROR_DESCRIPTIONS[status]})
         for code, response in responses.items():
@@ -136,6 +171,49 @@ class AutoSchema(openapi.AutoSchema):
                 self._with_error_body(int(code), response)
         operation["responses"] = dict(sorted(responses.items()))
         return operation
+
+    def _with_event_schemas(self, response: dict[str, Any]) -> None:
+        """An :func:`event_stream` marker replaced by the event schema it describes (a new
+        dict: the marker is shared by every generation of the schema)."""
+        media = response.get("content", {}).get("text/event-stream")
+        marker = media.get("schema", {}).get(EVENTS_KEY) if media else None
+        if marker is None:
+            return
+        if marker["events"]:
+            media["schema"] = {
+                "oneOf": [
+                    {
+                        "type": "object",
+                        "properties": {
+                            "event": {"type": "string", "enum": [name]},
+                            "id": {"type": "string", "pattern": "^[0-9]{1,18}$"},
+                            "data": self._json_data(serializer),
+                        },
+                        "required": ["event", "id", "data"],
+                    }
+                    for name, serializer in marker["events"].items()
+                ]
+            }
+            return
+        data = self._json_data(*marker["data"])
+        sentinel = marker["sentinel"]
+        if sentinel is not None:
+            json_data = {**data, "not": {"enum": [sentinel]}}
+            data = {"oneOf": [{"type": "string", "enum": [sentinel]}, json_data]}
+        media["schema"] = {
+            "type": "object",
+            "properties": {"data": data},
+            "required": ["data"],
+        }
+
+    def _json_data(self, *shapes: EventData) -> dict[str, Any]:
+        """An event's ``data`` line: JSON in (one of) ``shapes``' components."""
+        refs = [self.resolve_serializer(shape, "response").ref for shape in shapes]
+        return {
+            "type": "string",
+            "contentMediaType": "application/json",
+            "contentSchema": refs[0] if len(refs) == 1 else {"oneOf": refs},
+        }
 
     def _error_statuses(self, operation: dict[str, Any]) -> set[int]:
         statuses = {406, 503}

@@ -29,6 +29,65 @@ from apps.usage.services import key_limits_set
 from apps.usage.values import LimitValues
 
 
+class UsageRowOutput(serializers.Serializer[dict[str, Any]]):
+    """One group's sums (or the total's): ``prompt_tokens`` includes ``cached_tokens``,
+    ``completion_tokens`` includes ``reasoning_tokens``."""
+
+    group = serializers.CharField(
+        allow_null=True,
+        allow_blank=True,
+        help_text="the day (YYYY-MM-DD), model, key prefix or kind; null in the total, "
+        "and for usage of no key",
+    )
+    prompt_tokens = serializers.IntegerField(min_value=0)
+    cached_tokens = serializers.IntegerField(min_value=0)
+    completion_tokens = serializers.IntegerField(min_value=0)
+    reasoning_tokens = serializers.IntegerField(min_value=0)
+    total_tokens = serializers.IntegerField(min_value=0)
+    requests = serializers.IntegerField(min_value=0)
+    cost_usd = serializers.DecimalField(
+        max_digits=20, decimal_places=6, help_text="a decimal string, to the micro-dollar"
+    )
+    energy_wh = serializers.FloatField(min_value=0)
+
+
+class UsageReportOutput(serializers.Serializer[dict[str, Any]]):
+    start = serializers.DateField()
+    end = serializers.DateField()
+    group_by = serializers.ChoiceField(choices=list(GROUPS))
+    data = UsageRowOutput(many=True)  # type: ignore[assignment]
+    total = UsageRowOutput()
+
+
+class QuotaBucketOutput(serializers.Serializer[dict[str, Any]]):
+    capacity = serializers.IntegerField(min_value=0)
+    tokens_per_minute = serializers.IntegerField(min_value=0)
+    available = serializers.IntegerField(
+        allow_null=True, help_text="tokens available now; null when the limiter is out of reach"
+    )
+
+
+class QuotaPeriodOutput(serializers.Serializer[dict[str, Any]]):
+    limit = serializers.IntegerField(min_value=0)
+    used = serializers.IntegerField(min_value=0)
+    remaining = serializers.IntegerField(min_value=0)
+    resets_at = serializers.DateTimeField()
+
+
+class QuotaLimitOutput(serializers.Serializer[dict[str, Any]]):
+    scope = serializers.CharField(help_text="team, or key <prefix>")
+    bucket = QuotaBucketOutput(allow_null=True)
+    day = QuotaPeriodOutput(allow_null=True)
+    month = QuotaPeriodOutput(allow_null=True)
+    max_concurrent_streams = serializers.IntegerField(allow_null=True)
+    max_tokens = serializers.IntegerField(allow_null=True)
+
+
+class QuotaOutput(serializers.Serializer[dict[str, Any]]):
+    limits = QuotaLimitOutput(many=True)
+    unlimited = serializers.BooleanField(help_text="no limit applies")
+
+
 class UsageApi(APIView):
     required_scopes = {"GET": "read"}
 
@@ -59,11 +118,7 @@ class UsageApi(APIView):
             ),
             OpenApiParameter("group_by", str, enum=list(GROUPS)),
         ],
-        responses={
-            200: OpenApiResponse(
-                response=OpenApiTypes.OBJECT, description="token sums, requests, cost, energy"
-            )
-        },
+        responses={200: UsageReportOutput},
     )
     def get(self, request: Request) -> Response:
         """Token sums and cost for the caller's team, grouped by day, model, key or kind.
@@ -87,13 +142,7 @@ class UsageApi(APIView):
 class QuotaApi(APIView):
     required_scopes = {"GET": "read"}
 
-    @extend_schema(
-        responses={
-            200: OpenApiResponse(
-                response=OpenApiTypes.OBJECT, description="limits and what remains"
-            )
-        }
-    )
+    @extend_schema(responses={200: QuotaOutput})
     def get(self, request: Request) -> Response:
         """The token limits that apply to the caller (team and key): the bucket's capacity,
         refill rate and tokens available now; each period quota's use and reset time."""

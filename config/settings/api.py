@@ -44,6 +44,9 @@ SPECTACULAR_SETTINGS = {
         'limit. Every error has the shape {"error": {type, code, message, param}}.'
     ),
     "VERSION": "1.0.0",
+    # 3.1: JSON Schema's contentMediaType and contentSchema, with which each SSE event's
+    # data is declared JSON of its component (apps.core.schema.event_stream).
+    "OAS_VERSION": "3.1.0",
     "SERVE_INCLUDE_SCHEMA": False,
     # Swagger UI assets served from the installed sidecar package, never from a CDN.
     "SWAGGER_UI_DIST": "SIDECAR",
