@@ -4,7 +4,7 @@ Each surface's ``InputSerializer`` derives from :class:`SamplingInput`, so the n
 and ``/v1/chat/completions`` check the same fields the same way: a wrong type or range
 is a 400 naming the field (``param``); a field no tier here can honour (``n`` above 1,
 ``logprobs``) is a 400 ``unsupported_parameter`` naming it. Whether the model's own
-server honours the rest is decided before admission (``prepare._honouring``). Null is
+server honours the rest is decided before admission (``routing.models_honouring``). Null is
 the field left out, as OpenAI reads it.
 """
 

@@ -13,7 +13,7 @@ written while the tier prefills.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,15 +23,15 @@ from apps.accounts.selectors import Caller
 from apps.chat.models import Conversation
 from apps.chat.response_cache import response_cache_key
 from apps.chat.selectors import conversation_history
-from apps.chat.services.registry import (
-    ModelChoice,
-    ModelSpec,
-    model_registry,
-    output_tokens_resolve,
-)
+from apps.chat.services.registry import ModelSpec, output_tokens_resolve
 from apps.chat.services.request import AnswerRequest
+from apps.chat.services.routing import (
+    auto_route,
+    first_fitting,
+    models_allowing,
+    models_honouring,
+)
 from apps.chat.services.types import Citation
-from apps.core.exceptions import InvalidRequest
 from apps.knowledge.services import SearchResult, chunk_search
 from apps.usage import metrics
 from apps.usage.budgets import (
@@ -52,8 +52,6 @@ from inference import (
     Sampling,
     Tools,
     assemble_prompt,
-    sampling_refused,
-    tools_refused,
 )
 
 HISTORY_MESSAGES = 40
@@ -142,11 +140,11 @@ def _admit(request: AnswerRequest) -> _Admitted:
     conversation, history = _history(request)
     limits = limits_cache.get(team=request.caller.team, api_key=request.caller.api_key)
     cap = max_tokens_cap(limits=limits)
-    candidates = _candidates(request.model, max_tokens=request.max_tokens, cap=cap)
-    candidates = _honouring(candidates, request.tier_sampling, request.tools)
+    candidates = models_allowing(request.model, max_tokens=request.max_tokens, cap=cap)
+    candidates = models_honouring(candidates, request.tier_sampling, request.tools)
     started = time.monotonic()
     assemble = _Assembler(request, history=history, cap=cap)
-    spec, bare = _first_fitting(candidates, assemble)
+    spec, bare = first_fitting(candidates, assemble)
     held = bare.prompt_tokens + assemble.output_tokens(spec)
     reservation = _reserve(request.caller, tokens=held, limits=limits)
     remaining = candidates[candidates.index(spec) :]
@@ -274,7 +272,7 @@ def _retrieve(
 
 def _routed(admitted: _Admitted, results: list[SearchResult]) -> tuple[ModelSpec, Prompt]:
     """The prompt with the passages found, for the model that held it bare, then for
-    ``auto`` the model that serves it (:func:`_route`)."""
+    ``auto`` the model that serves it (:func:`~.routing.auto_route`)."""
     passages = [
         Passage(r.chunk.document.title, r.chunk.text, tuple(r.chunk.headings)) for r in results
     ]
@@ -282,7 +280,9 @@ def _routed(admitted: _Admitted, results: list[SearchResult]) -> tuple[ModelSpec
     prompt = assemble(candidates[0], passages) if passages else admitted.bare
     if not admitted.request.model.routed:
         return candidates[0], prompt
-    return _route(candidates, prompt, lambda spec: assemble(spec, passages), offered=len(passages))
+    return auto_route(
+        candidates, prompt, lambda spec: assemble(spec, passages), offered=len(passages)
+    )
 
 
 def _cache_key(
@@ -314,94 +314,6 @@ def _cache_key(
         sampling=request.sampling,
         instructions=request.instructions,
     )
-
-
-def _candidates(model: ModelChoice, *, max_tokens: int | None, cap: int | None) -> list[ModelSpec]:
-    """The models that allow ``max_tokens``: with ``auto``, one that cannot is passed over
-    (asking for more than the small model writes is a reason to take the large one)."""
-    allowed: list[ModelSpec] = []
-    refusal: InvalidRequest | None = None
-    for spec in model.candidates:
-        try:
-            output_tokens_resolve(spec=spec, max_tokens=max_tokens, cap=cap)
-        except InvalidRequest as exc:
-            refusal = refusal or exc
-        else:
-            allowed.append(spec)
-    if not allowed:
-        assert refusal is not None  # noqa: S101 - a candidate exists, so one refused
-        raise refusal
-    return allowed
-
-
-def _honouring(
-    candidates: list[ModelSpec], sampling: Sampling, tools: Tools | None = None
-) -> list[ModelSpec]:
-    """The candidates whose server, and every fallback's, honours each sampling and tool
-    field set.
-    With ``auto`` one that cannot is passed over, as for ``max_tokens``; a fallback that
-    cannot rules its alias out, since the answer would otherwise be generated without the
-    field whenever the fallback serves it. None left: 400 ``unsupported_parameter`` naming
-    the field, before anything is reserved."""
-    if not sampling.fields() and tools is None:
-        return candidates
-    refused: str | None = None
-    kept: list[ModelSpec] = []
-    for spec in candidates:
-        chain = model_registry().chain(spec.alias)
-        field_name = next(
-            (
-                name
-                for entry in chain
-                if (
-                    name := sampling_refused(entry.server, sampling)
-                    or tools_refused(entry.server, tools)
-                )
-            ),
-            None,
-        )
-        if field_name is None:
-            kept.append(spec)
-        refused = refused or field_name
-    if not kept:
-        raise InvalidRequest(
-            f"{refused}: the model's inference server cannot honour this parameter.",
-            code="unsupported_parameter",
-            param=refused,
-        )
-    return kept
-
-
-def _first_fitting(
-    candidates: list[ModelSpec], assemble: Callable[[ModelSpec], Prompt]
-) -> tuple[ModelSpec, Prompt]:
-    """The first candidate whose window holds the prompt, and that prompt."""
-    for spec in candidates[:-1]:
-        try:
-            return spec, assemble(spec)
-        except ContextLengthExceeded:
-            continue
-    return candidates[-1], assemble(candidates[-1])
-
-
-def _route(
-    candidates: list[ModelSpec],
-    prompt: Prompt,
-    assemble: Callable[[ModelSpec], Prompt],
-    *,
-    offered: int,
-) -> tuple[ModelSpec, Prompt]:
-    """``auto``: the small model (first) keeps a prompt of at most
-    ``ROUTER_SMALL_MAX_PROMPT_TOKENS`` tokens that it holds whole (no passage dropped to
-    fit); otherwise the next model takes it, assembled with its own tokenizer."""
-    small = candidates[0]
-    fits_whole = len(prompt.passages) == offered
-    if prompt.prompt_tokens <= settings.ROUTER_SMALL_MAX_PROMPT_TOKENS and fits_whole:
-        return small, prompt
-    if len(candidates) < 2:
-        return small, prompt
-    large = candidates[1]
-    return large, assemble(large)
 
 
 def _citations(results: list[SearchResult]) -> list[Citation]:

@@ -35,6 +35,7 @@ from apps.chat.response_cache import (
     cached_answer_get,
     cached_answer_put,
 )
+from apps.chat.services.answer_usage import Generation, usage_observe, usage_of
 from apps.chat.services.cancel_watch import cancel_watch
 from apps.chat.services.journal import Journal
 from apps.chat.services.prefetch import Prefetched
@@ -44,11 +45,8 @@ from apps.chat.services.settle import (
     AnswerKeys,
     ConversationGone,
     Ending,
-    Generation,
     messages_create,
     settlement_write,
-    usage_observe,
-    usage_of,
 )
 from apps.chat.services.tier import (
     Slot,

@@ -1,0 +1,121 @@
+"""Which models may serve an answer, before anything is reserved, and which one does.
+
+The candidates of the alias asked for are narrowed twice: to those that allow
+``max_tokens`` (:func:`models_allowing`), then to those whose server, and every
+fallback's, honours the sampling and tool fields set (:func:`models_honouring`); with
+``auto`` a model that cannot is passed over, with a fixed alias it is a 400. Then the
+first whose window holds the prompt admits it (:func:`first_fitting`), and ``auto`` picks
+the model by the prompt's size once its passages are in (:func:`auto_route`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from django.conf import settings
+
+from apps.chat.services.registry import (
+    ModelChoice,
+    ModelSpec,
+    model_registry,
+    output_tokens_resolve,
+)
+from apps.core.exceptions import InvalidRequest
+from inference import (
+    ContextLengthExceeded,
+    Prompt,
+    Sampling,
+    Tools,
+    sampling_refused,
+    tools_refused,
+)
+
+
+def models_allowing(
+    model: ModelChoice, *, max_tokens: int | None, cap: int | None
+) -> list[ModelSpec]:
+    """The models that allow ``max_tokens``: with ``auto``, one that cannot is passed over
+    (asking for more than the small model writes is a reason to take the large one)."""
+    allowed: list[ModelSpec] = []
+    refusal: InvalidRequest | None = None
+    for spec in model.candidates:
+        try:
+            output_tokens_resolve(spec=spec, max_tokens=max_tokens, cap=cap)
+        except InvalidRequest as exc:
+            refusal = refusal or exc
+        else:
+            allowed.append(spec)
+    if not allowed:
+        assert refusal is not None  # noqa: S101 - a candidate exists, so one refused
+        raise refusal
+    return allowed
+
+
+def models_honouring(
+    candidates: list[ModelSpec], sampling: Sampling, tools: Tools | None = None
+) -> list[ModelSpec]:
+    """The candidates whose server, and every fallback's, honours each sampling and tool
+    field set.
+    With ``auto`` one that cannot is passed over, as for ``max_tokens``; a fallback that
+    cannot rules its alias out, since the answer would otherwise be generated without the
+    field whenever the fallback serves it. None left: 400 ``unsupported_parameter`` naming
+    the field, before anything is reserved."""
+    if not sampling.fields() and tools is None:
+        return candidates
+    refused: str | None = None
+    kept: list[ModelSpec] = []
+    for spec in candidates:
+        chain = model_registry().chain(spec.alias)
+        field_name = next(
+            (
+                name
+                for entry in chain
+                if (
+                    name := sampling_refused(entry.server, sampling)
+                    or tools_refused(entry.server, tools)
+                )
+            ),
+            None,
+        )
+        if field_name is None:
+            kept.append(spec)
+        refused = refused or field_name
+    if not kept:
+        raise InvalidRequest(
+            f"{refused}: the model's inference server cannot honour this parameter.",
+            code="unsupported_parameter",
+            param=refused,
+        )
+    return kept
+
+
+def first_fitting(
+    candidates: list[ModelSpec], assemble: Callable[[ModelSpec], Prompt]
+) -> tuple[ModelSpec, Prompt]:
+    """The first candidate whose window holds the prompt, and that prompt."""
+    for spec in candidates[:-1]:
+        try:
+            return spec, assemble(spec)
+        except ContextLengthExceeded:
+            continue
+    return candidates[-1], assemble(candidates[-1])
+
+
+def auto_route(
+    candidates: list[ModelSpec],
+    prompt: Prompt,
+    assemble: Callable[[ModelSpec], Prompt],
+    *,
+    offered: int,
+) -> tuple[ModelSpec, Prompt]:
+    """``auto``: the small model (first) keeps a prompt of at most
+    ``ROUTER_SMALL_MAX_PROMPT_TOKENS`` tokens that it holds whole (no passage dropped to
+    fit); otherwise the next model takes it, assembled with its own tokenizer."""
+    small = candidates[0]
+    fits_whole = len(prompt.passages) == offered
+    if prompt.prompt_tokens <= settings.ROUTER_SMALL_MAX_PROMPT_TOKENS and fits_whole:
+        return small, prompt
+    if len(candidates) < 2:
+        return small, prompt
+    large = candidates[1]
+    return large, assemble(large)
