@@ -7,6 +7,7 @@ from typing import Any
 
 from billiard.einfo import ExceptionInfo
 from celery import Task, shared_task
+from celery.exceptions import TimeLimitExceeded, WorkerLostError
 from django.conf import settings
 from django.db import InterfaceError, OperationalError
 
@@ -35,6 +36,8 @@ class StageTask(Task[[int], None]):
         kwargs: dict[str, Any],
         einfo: ExceptionInfo,
     ) -> None:
+        if isinstance(exc, TimeLimitExceeded | WorkerLostError):
+            return  # the process was killed: a lost delivery, counted when it comes again
         stage = self.name.rpartition("_")[2]
         ingestion_stage_failed(document_id=int(args[0]), stage=stage, error=exc)
 

@@ -47,6 +47,12 @@ SPECTACULAR_SETTINGS = {
     # 3.1: JSON Schema's contentMediaType and contentSchema, with which each SSE event's
     # data is declared JSON of its component (apps.core.schema.event_stream).
     "OAS_VERSION": "3.1.0",
+    # Fields named ``type`` with different choices (tools, response formats) each get a
+    # component of their own name.
+    "ENUM_NAME_OVERRIDES": {
+        "ToolTypeEnum": ["function"],
+        "ResponseFormatTypeEnum": ["text", "json_object", "json_schema"],
+    },
     "SERVE_INCLUDE_SCHEMA": False,
     # Swagger UI assets served from the installed sidecar package, never from a CDN.
     "SWAGGER_UI_DIST": "SIDECAR",
