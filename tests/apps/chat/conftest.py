@@ -6,6 +6,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import httpx
+import openai
 import pytest
 
 from apps.accounts.models import Team
@@ -82,3 +83,13 @@ def ask_stream(client: httpx.Client, conversation_id: int, **body: Any) -> list[
 @pytest.fixture
 def acme(team: Team) -> Team:
     return team
+
+
+@pytest.fixture
+def sdk(asgi_server: str, issued_key: IssuedKey) -> Iterator[openai.OpenAI]:
+    """The official OpenAI SDK, unmodified, against the running app."""
+    client = openai.OpenAI(
+        base_url=f"{asgi_server}/v1", api_key=issued_key.secret, max_retries=0, timeout=30
+    )
+    yield client
+    client.close()

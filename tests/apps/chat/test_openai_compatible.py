@@ -2,26 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import openai
 import pytest
 
-from apps.accounts.services import IssuedKey
 from apps.usage.models import UsageRecord
 from tests.fake_upstream import FakeUpstream
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture
-def sdk(asgi_server: str, issued_key: IssuedKey) -> Iterator[openai.OpenAI]:
-    client = openai.OpenAI(
-        base_url=f"{asgi_server}/v1", api_key=issued_key.secret, max_retries=0, timeout=30
-    )
-    yield client
-    client.close()
 
 
 def test_non_streaming_completion_with_usage_details(

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -240,15 +240,6 @@ async def test_batches_take_turns_at_the_model(settings: Any) -> None:
 
 
 # The official SDK, unmodified, against the running app.
-
-
-@pytest.fixture
-def sdk(asgi_server: str, issued_key: IssuedKey) -> Iterator[openai.OpenAI]:
-    client = openai.OpenAI(
-        base_url=f"{asgi_server}/v1", api_key=issued_key.secret, max_retries=0, timeout=30
-    )
-    yield client
-    client.close()
 
 
 def test_the_openai_sdk_embeds_a_string_a_list_and_base64(sdk: openai.OpenAI) -> None:

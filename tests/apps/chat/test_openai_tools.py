@@ -13,7 +13,6 @@ or a named ``tool_choice``, so no packaged model and template produce OpenAI too
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -42,15 +41,6 @@ WEATHER: dict[str, Any] = {
 CALL = {"id": "call_1", "name": "get_weather", "arguments": '{"city": "Paris"}'}
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 NO_RAG = {"rag": {"enabled": False}}
-
-
-@pytest.fixture
-def sdk(asgi_server: str, issued_key: IssuedKey) -> Iterator[openai.OpenAI]:
-    client = openai.OpenAI(
-        base_url=f"{asgi_server}/v1", api_key=issued_key.secret, max_retries=0, timeout=30
-    )
-    yield client
-    client.close()
 
 
 def _loop_messages() -> list[dict[str, Any]]:

@@ -4,14 +4,12 @@ where the server cannot honour one, and kept apart in the response cache."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import openai
 import pytest
 
-from apps.accounts.services import IssuedKey
 from apps.chat.apis import ConversationMessageCreateApi
 from apps.chat.openai_apis import ChatCompletionsApi
 from apps.core.exceptions import as_application_error
@@ -120,15 +118,6 @@ def test_unknown_fields_are_ignored() -> None:
 
 
 # Through the app and the fake tier on a real socket.
-
-
-@pytest.fixture
-def sdk(asgi_server: str, issued_key: IssuedKey) -> Iterator[openai.OpenAI]:
-    client = openai.OpenAI(
-        base_url=f"{asgi_server}/v1", api_key=issued_key.secret, max_retries=0, timeout=30
-    )
-    yield client
-    client.close()
 
 
 TIER_GETS = {
