@@ -37,8 +37,17 @@ NODE_STAMP := node_modules/.package-lock.json
 $(NODE_STAMP): package-lock.json
 	command -v npm >/dev/null && npm ci --ignore-scripts --no-audit --no-fund || true
 
+# LlamaIndex's OpenAILike, which the tests drive in an environment of its own (it needs
+# openai<3; the suite pins openai 3).
+LLAMAINDEX := .venv-llamaindex
+LLAMAINDEX_REQUIREMENTS := tests/apps/chat/llamaindex/requirements.txt
+$(LLAMAINDEX)/.installed: $(LLAMAINDEX_REQUIREMENTS)
+	test -x $(LLAMAINDEX)/bin/python || python3 -m venv $(LLAMAINDEX)
+	$(LLAMAINDEX)/bin/python -m pip install --quiet -r $(LLAMAINDEX_REQUIREMENTS)
+	touch $@
+
 ## Install what tests need and run the whole suite
-test: $(STAMP) $(NODE_STAMP)
+test: $(STAMP) $(NODE_STAMP) $(LLAMAINDEX)/.installed
 	$(PY) -m pytest
 
 lint: $(STAMP)

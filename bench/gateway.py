@@ -317,6 +317,38 @@ def delete_event_buffers(redis_url: str) -> int:
 
 # --------------------------------------------------------------------------- part 1
 
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
+TIER_EVERY_PARAMETER: dict[str, Any] = {
+    "temperature": 0.0,
+    "top_p": 0.9,
+    "stop": ["\n\n\n"],
+    "seed": 7,
+    "presence_penalty": 0.1,
+    "frequency_penalty": 0.1,
+    "logit_bias": {"50256": -100.0},
+    "response_format": {"type": "json_object"},
+    "user": "bench-user",
+    "logprobs": True,
+    "top_logprobs": 2,
+    "tools": [WEATHER_TOOL],
+    "tool_choice": "auto",
+    "parallel_tool_calls": True,
+}
+"""Every sampling and tool field OpenAI's Chat Completions takes, as the tier gets them."""
+EVERY_PARAMETER: dict[str, Any] = {
+    **TIER_EVERY_PARAMETER,
+    "metadata": {"run": "bench"},
+    "n": 1,
+}
+"""What a client sets on ``/v1`` (``metadata`` and ``n`` stay in the app)."""
+
 
 def part_ttft(stack: Stack, part: Part) -> None:
     stack.set_delay(0.0)
@@ -332,21 +364,31 @@ def part_ttft(stack: Stack, part: Part) -> None:
         "cache": False,  # every round reaches the tier (no response cache replay)
     }
 
+    body_every = {**body_openai, **EVERY_PARAMETER}
+    tier_every = {**body_direct, **TIER_EVERY_PARAMETER}
+
     def native() -> Stream:
         conversation = new_conversation(stack.app)  # before the clock starts
         return stream_app(stack.app, conversation, app_body(QUESTION, max_tokens))
 
-    surfaces: dict[str, Callable[[], Stream]] = {
-        "native SSE": native,
-        "OpenAI /v1/chat/completions": lambda: stream_direct(stack.app, body_openai),
+    surfaces: dict[str, tuple[Callable[[], Stream], dict[str, Any]]] = {
+        "native SSE": (native, body_direct),
+        "OpenAI /v1/chat/completions": (
+            lambda: stream_direct(stack.app, body_openai),
+            body_direct,
+        ),
+        "OpenAI /v1, every parameter set": (
+            lambda: stream_direct(stack.app, body_every),
+            tier_every,
+        ),
     }
     samples = {name: {"app": [], "tier": [], "diff": []} for name in surfaces}
     warmup, rounds = stack.args.warmup, stack.args.rounds
     for number in range(warmup + rounds):
-        for name, run_app in surfaces.items():
+        for name, (run_app, tier_body) in surfaces.items():
             ttft: dict[str, float] = {}
             for kind in ("app", "tier") if number % 2 == 0 else ("tier", "app"):
-                stream = run_app() if kind == "app" else stream_direct(stack.tier, body_direct)
+                stream = run_app() if kind == "app" else stream_direct(stack.tier, tier_body)
                 if stream.error:
                     raise RuntimeError(f"{name}, {kind}: {stream.error}")
                 ttft[kind] = stream.ttft * 1000.0

@@ -31,6 +31,10 @@ class Sampling:
     "json_schema": {"name", "schema", "strict"?}}``."""
     user: str | None = None
     """The caller's end user, for the tier's own abuse tracking; it changes no output."""
+    logprobs: bool | None = None
+    """Return each answer token's log probability (:attr:`TextDelta.logprobs`)."""
+    top_logprobs: int | None = None
+    """And the ``top_logprobs`` likeliest tokens at each position, 0 to 20."""
 
     def fields(self) -> dict[str, Any]:
         """The fields set, by their OpenAI names."""
@@ -120,9 +124,16 @@ class ChatRequest:
         return body
 
 
+TokenLogprob = Mapping[str, Any]
+"""One answer token's entry as OpenAI writes it: ``token``, ``logprob``, ``bytes`` (a list
+of ints, or None) and ``top_logprobs`` (the same three for each likely token)."""
+
+
 @dataclass(frozen=True, slots=True)
 class TextDelta:
     text: str
+    logprobs: tuple[TokenLogprob, ...] = ()
+    """The entries of the tokens in ``text``, when the caller asked for them."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -61,8 +61,9 @@ SAMPLING_REFUSED: Mapping[str, frozenset[str]] = {
     "ollama": frozenset({"logit_bias"}),
     # TGI's Messages API parses logit_bias and never applies it.
     "tgi": frozenset({"logit_bias"}),
-    # Triton's OpenAI frontend refuses logit_bias and has no structured output.
-    "triton": frozenset({"logit_bias", "response_format"}),
+    # Triton's OpenAI frontend refuses logit_bias and log probabilities and has no
+    # structured output.
+    "triton": frozenset({"logit_bias", "logprobs", "top_logprobs", "response_format"}),
 }
 """The sampling fields a server cannot honour: a request that sets one is refused with
 the field named (:func:`sampling_refused`), never sent without it."""
@@ -276,7 +277,9 @@ def sampling_wire(server: str, sampling: Sampling) -> dict[str, Any]:
 
     - vLLM and others: OpenAI's fields as they are.
     - llama.cpp (its server and llama-cpp-python's): a ``json_schema`` format becomes
-      ``{"type": "json_object", "schema": …}``, the form both constrain decoding with.
+      ``{"type": "json_object", "schema": …}``, the form both constrain decoding with;
+      ``logprobs`` goes with a ``top_logprobs`` (0 when not asked), without which
+      llama-cpp-python returns none.
     - Ollama's /v1: OpenAI's fields, which it maps to its ``options`` (temperature, top_p,
       stop, seed, penalties) and its ``format`` (``json`` or the schema) itself.
     - TGI: a JSON format is its grammar ``{"type": "json_object", "value": schema}`` (any
@@ -299,6 +302,8 @@ def sampling_wire(server: str, sampling: Sampling) -> dict[str, Any]:
         wire["response_format"] = _json_grammar(server, sampling)
     if server == "tgi" and sampling.top_p is not None and sampling.top_p >= 1:
         del wire["top_p"]
+    if server == "llama.cpp" and sampling.logprobs:
+        wire.setdefault("top_logprobs", 0)  # llama-cpp-python returns none without it
     return wire
 
 

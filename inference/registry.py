@@ -24,9 +24,11 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from dataclasses import fields as dataclass_fields
 from pathlib import Path
 from typing import Any
 
+from inference.chat import Sampling
 from inference.tokenizers import TIKTOKEN_ENCODINGS, Tokenizer, load_tokenizer
 
 GGUF_TOKENIZER = "inference.tokenizers.GGUFTokenizer"
@@ -49,6 +51,7 @@ FIELDS = frozenset(
         "energy",
         "reasoning_opened",
         "server",
+        "unsupported",
     }
 )
 PRICE_FIELDS = frozenset({"input", "cached_input", "output"})
@@ -59,6 +62,10 @@ CACHE_SALT_SERVERS = frozenset({"vllm"})
 apart (vLLM 0.9+): the only ones whose ``cached_tokens`` cannot count another tenant's
 prompt."""
 DEFAULT_MAX_OUTPUT_TOKENS = 512
+REQUEST_FIELDS = frozenset({spec.name for spec in dataclass_fields(Sampling)}) | frozenset(
+    {"tools", "tool_choice", "parallel_tool_calls"}
+)
+"""The request fields an entry may name ``unsupported``."""
 
 
 class RegistryError(ValueError):
@@ -110,10 +117,18 @@ class ModelEntry:
     """The chat template opens the thinking block in the prompt (DeepSeek-R1)."""
     server: str = "other"
     """What the upstreams run (one of :data:`SERVERS`)."""
+    unsupported: frozenset[str] = frozenset()
+    """Request fields these upstreams cannot honour beyond what their server never can
+    (:mod:`inference.dialects`), as the operator started them: llama-cpp-python without
+    ``logits_all`` returns no ``logprobs``, vLLM without a tool parser takes no ``tools``.
+    A request setting one is refused, naming it."""
 
     def __post_init__(self) -> None:
         if self.server not in SERVERS:
             raise RegistryError(f"{self.alias}.server: one of {list(SERVERS)}")
+        if not self.unsupported <= REQUEST_FIELDS:
+            unknown = sorted(self.unsupported - REQUEST_FIELDS)
+            raise RegistryError(f"{self.alias}.unsupported: not request fields: {unknown}")
 
     @property
     def takes_cache_salt(self) -> bool:
@@ -246,7 +261,15 @@ def _entry(alias: str, fields: object, *, data_dir: str | Path | None) -> ModelE
         energy=_number(alias, "energy", fields.get("energy")),
         reasoning_opened=bool(fields.get("reasoning_opened", False)),
         server=str(fields.get("server", "other")),
+        unsupported=_names(alias, fields, "unsupported"),
     )
+
+
+def _names(alias: str, fields: Mapping[str, Any], name: str) -> frozenset[str]:
+    value = fields.get(name) or []
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise RegistryError(f"{alias}.{name}: a list of field names")
+    return frozenset(value)
 
 
 def _text(alias: str, fields: Mapping[str, Any], name: str) -> str | None:

@@ -6,14 +6,22 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-from collections.abc import AsyncIterator
+import math
+from collections.abc import AsyncIterator, Sequence
 from contextlib import suppress
 from typing import Any, cast
 
 import httpx
 import orjson
 
-from inference.chat import Event, Finished, ReasoningDelta, TextDelta, ToolCallDelta
+from inference.chat import (
+    Event,
+    Finished,
+    ReasoningDelta,
+    TextDelta,
+    TokenLogprob,
+    ToolCallDelta,
+)
 from inference.dialects import FINISH_REASONS, upstream_error, usage_from
 from inference.errors import Interrupted, UpstreamProtocolError
 from inference.reasoning import ThinkSplitter
@@ -113,10 +121,15 @@ def coalesced(events: list[Event]) -> list[Event]:
     slow stream still goes token by token."""
     merged: list[Event] = []
     for kind, run in itertools.groupby(events, type):
-        if kind is TextDelta or kind is ReasoningDelta:
-            deltas = cast(list[TextDelta | ReasoningDelta], list(run))
-            joined = len(deltas) > 1
-            merged.append(kind("".join(d.text for d in deltas)) if joined else deltas[0])
+        if kind is TextDelta:
+            texts = cast(list[TextDelta], list(run))
+            logprobs = tuple(entry for delta in texts for entry in delta.logprobs)
+            text = "".join(d.text for d in texts)
+            merged.append(TextDelta(text, logprobs) if len(texts) > 1 else texts[0])
+        elif kind is ReasoningDelta:
+            thoughts = cast(list[ReasoningDelta], list(run))
+            thought = "".join(d.text for d in thoughts)
+            merged.append(ReasoningDelta(thought) if len(thoughts) > 1 else thoughts[0])
         else:
             merged.extend(run)
     return merged
@@ -163,21 +176,66 @@ def _events(chunk: dict[str, Any], splitter: ThinkSplitter) -> list[Event]:
         if reasoning:
             events.append(ReasoningDelta(str(reasoning)))
         content = delta.get("content")
-        if content:
-            for kind, text in splitter.feed(str(content)):
-                events.append(ReasoningDelta(text) if kind == "reasoning" else TextDelta(text))
+        split = splitter.feed(str(content)) if content else []
+        events.extend(_content(split, token_logprobs(choice.get("logprobs"))))
         events.extend(_tool_calls(delta.get("tool_calls")))
         if choice.get("finish_reason"):
-            events.extend(
-                ReasoningDelta(text) if kind == "reasoning" else TextDelta(text)
-                for kind, text in splitter.flush()
-            )
+            events.extend(_content(splitter.flush(), ()))
             reason = str(choice["finish_reason"])
             events.append(Finished(FINISH_REASONS.get(reason, reason)))
     usage = usage_from(chunk.get("usage"))
     if usage is not None:
         events.append(usage)
     return events
+
+
+def _content(
+    split: Sequence[tuple[str, str]], logprobs: tuple[TokenLogprob, ...]
+) -> list[TextDelta | ReasoningDelta]:
+    """A chunk's content as the splitter cut it, its tokens' log probabilities on its last
+    answer text (none on reasoning, as OpenAI's ``logprobs.content`` describes the message
+    content; on an empty text when the chunk carried them without content)."""
+    events: list[TextDelta | ReasoningDelta] = [
+        ReasoningDelta(text) if kind == "reasoning" else TextDelta(text) for kind, text in split
+    ]
+    if not logprobs:
+        return events
+    texts = [i for i, event in enumerate(events) if isinstance(event, TextDelta)]
+    if texts:
+        events[texts[-1]] = TextDelta(events[texts[-1]].text, logprobs)
+    elif not events:
+        events.append(TextDelta("", logprobs))
+    return events
+
+
+def token_logprobs(raw: object) -> tuple[TokenLogprob, ...]:
+    """A choice's ``logprobs.content`` as OpenAI writes each entry (``token``, ``logprob``,
+    ``bytes``, ``top_logprobs``), whichever server sent it: TGI leaves out ``bytes``,
+    llama.cpp's alternatives may lack them too. Entries not shaped so are left out."""
+    content = raw.get("content") if isinstance(raw, dict) else None
+    if not isinstance(content, list):
+        return ()
+    entries: list[TokenLogprob] = []
+    for item in content:
+        entry = _logprob_entry(item)
+        if entry is not None:
+            alternatives = item.get("top_logprobs") or []
+            tops = [top for top in map(_logprob_entry, alternatives) if top is not None]
+            entries.append({**entry, "top_logprobs": tops})
+    return tuple(entries)
+
+
+def _logprob_entry(item: object) -> dict[str, Any] | None:
+    if not isinstance(item, dict) or not isinstance(item.get("token"), str):
+        return None
+    logprob = item.get("logprob")
+    if not isinstance(logprob, (int, float)) or isinstance(logprob, bool):
+        return None
+    raw_bytes = item.get("bytes")
+    token_bytes = raw_bytes if isinstance(raw_bytes, list) else list(item["token"].encode())
+    value = float(logprob)
+    value = value if math.isfinite(value) and value > -9999.0 else -9999.0  # OpenAI's floor
+    return {"token": item["token"], "logprob": value, "bytes": token_bytes}
 
 
 def _tool_calls(raw: object) -> list[ToolCallDelta]:

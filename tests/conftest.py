@@ -190,6 +190,12 @@ def free_port() -> int:
 @pytest.fixture(scope="session")
 def llama_server() -> Iterator[str]:
     """The real embedded inference tier (llama.cpp serving SmolLM2), once per session."""
+    yield from llama_server_run(n_ctx=2048)
+
+
+def llama_server_run(*, n_ctx: int, **env: str) -> Iterator[str]:
+    """``runinference`` in a process of its own, with ``env`` added to its environment;
+    its base URL once it serves, until the generator is closed."""
     import os
     import subprocess
     import sys
@@ -201,9 +207,9 @@ def llama_server() -> Iterator[str]:
 
     port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "manage.py", "runinference", "--port", str(port), "--n-ctx", "2048"],
+        [sys.executable, "manage.py", "runinference", "--port", str(port), "--n-ctx", str(n_ctx)],
         cwd=BASE_DIR,
-        env={**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings.test"},
+        env={**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings.test", **env},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

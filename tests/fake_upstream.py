@@ -143,18 +143,23 @@ class FakeUpstream:
             prefix = (body.get("cache_salt"), json.dumps(body["messages"][:-1]))
             cached = script.prompt_tokens - 1 if prefix in self.prefixes else 0
             self.prefixes.add(prefix)
-        stream = self._stream(script, tokens, cached=cached)
+        top = body.get("top_logprobs") or 0
+        logprobs = top if body.get("logprobs") else None
+        stream = self._stream(script, tokens, cached=cached, logprobs=logprobs)
         return StreamingResponse(stream, media_type="text/event-stream")
 
     async def _stream(
-        self, script: Script, tokens: list[str], *, cached: int = 0
+        self, script: Script, tokens: list[str], *, cached: int = 0, logprobs: int | None = None
     ) -> AsyncIterator[bytes]:
         def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            if logprobs is not None and delta.get("content"):
+                choice["logprobs"] = {"content": [_logprob(delta["content"], logprobs)]}
             payload = {
                 "id": "chatcmpl-fake",
                 "object": "chat.completion.chunk",
                 "model": "fake",
-                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+                "choices": [choice],
                 **extra,
             }
             return b"data: " + json.dumps(payload).encode() + b"\n\n"
@@ -227,6 +232,21 @@ class FakeUpstream:
             raise
         finally:
             self.active -= 1
+
+
+def _logprob(token: str, top: int) -> dict[str, Any]:
+    """A token's entry as vLLM writes it: the token's own log probability (-0.25 for
+    every token) and ``top`` alternatives, the token itself first."""
+    alternatives = [(token, -0.25), *((f"alt{i}", -2.0 - i) for i in range(1, top))]
+    return {
+        "token": token,
+        "logprob": -0.25,
+        "bytes": list(token.encode()),
+        "top_logprobs": [
+            {"token": text, "logprob": value, "bytes": list(text.encode())}
+            for text, value in alternatives[:top]
+        ],
+    }
 
 
 def _tool_call_deltas(script: Script) -> list[dict[str, Any]]:

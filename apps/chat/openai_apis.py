@@ -93,6 +93,7 @@ class ChatCompletionsApi(AsyncApiView):
             result after a user message. ``max_tokens`` and ``max_completion_tokens`` are
             one limit: given both, they must agree. ``tool_choice`` needs ``tools``, and a
             function it names is one of them."""
+            attrs = super().validate(attrs)
             messages = attrs["messages"]
             if messages[-1]["role"] not in ("user", "tool") or not any(
                 m["role"] == "user" for m in messages

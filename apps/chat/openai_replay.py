@@ -13,7 +13,7 @@ from rest_framework.response import Response
 
 from apps.accounts.selectors import Caller
 from apps.chat import selectors, services
-from apps.chat.services import CollectedAnswer
+from apps.chat.services import CollectedAnswer, answer_collect
 from apps.chat.sse import event_stream_response, with_pings
 from apps.chat.wire import OpenAIWire, openai_completion, stored_events
 from apps.core.aio import db_call
@@ -42,14 +42,16 @@ async def completion_replay(
 ) -> HttpResponseBase:
     """What a retry with the same ``Idempotency-Key`` gets: the first answer's stored
     events re-framed as ``chat.completion.chunk`` frames (a stream), or its stored message
-    as a ``chat.completion`` (JSON); nothing generated or charged."""
+    as a ``chat.completion`` (JSON), with the tool calls and log probabilities its events
+    hold; nothing generated or charged."""
     assert claim.resource_id is not None  # noqa: S101 - a completed claim names its message
     message = await db_call(selectors.message_get)(team=caller.team, message_id=claim.resource_id)
+    stored = await services.replay_open(team=caller.team, message_id=message.pk, after=0)
     response: HttpResponseBase
     if stream:
-        stored = await services.replay_open(team=caller.team, message_id=message.pk, after=0)
         response = event_stream_response(with_pings(wire.frames(stored_events(stored))))
     else:
+        events = await answer_collect(stored_events(stored))
         answer = CollectedAnswer(
             message_id=message.pk,
             content=message.content,
@@ -58,6 +60,8 @@ async def completion_replay(
             usage=selectors.message_usage(message=message),
             finish_reason=message.finish_reason,
             model=message.model,
+            tool_calls=events.tool_calls,
+            logprobs=events.logprobs,
         )
         response = Response(openai_completion(answer), status=claim.response_status or 200)
     response[REPLAYED_HEADER] = "true"

@@ -100,8 +100,9 @@ class ToolChoiceField(serializers.Field[Any, Any, Any, Any]):
     def to_internal_value(self, data: Any) -> str | dict[str, Any]:
         if data in ("none", "auto", "required"):
             return str(data)
-        if isinstance(data, dict) and data.get("type") == "function":
-            name = (data.get("function") or {}).get("name")
+        function = data.get("function") if isinstance(data, dict) else None
+        if isinstance(function, dict) and data.get("type") == "function":
+            name = function.get("name")
             if isinstance(name, str) and name:
                 return {"type": "function", "function": {"name": name}}
         raise serializers.ValidationError(

@@ -2,10 +2,10 @@
 
 Each surface's ``InputSerializer`` derives from :class:`SamplingInput`, so the native API
 and ``/v1/chat/completions`` check the same fields the same way: a wrong type or range
-is a 400 naming the field (``param``); a field no tier here can honour (``n`` above 1,
-``logprobs``) is a 400 ``unsupported_parameter`` naming it. Whether the model's own
-server honours the rest is decided before admission (``routing.models_honouring``). Null is
-the field left out, as OpenAI reads it.
+is a 400 naming the field (``param``); a field no tier here can honour (``n`` above 1)
+is a 400 ``unsupported_parameter`` naming it. Whether the model's own server honours the
+rest is decided before admission (``routing.models_honouring``). Null is the field left
+out, as OpenAI reads it.
 """
 
 from __future__ import annotations
@@ -110,14 +110,16 @@ class SamplingInput(serializers.Serializer[dict[str, Any]]):
         help_text="only 1: more choices are a 400 unsupported_parameter",
     )
     logprobs = serializers.BooleanField(
-        required=False, allow_null=True, help_text="true is a 400 unsupported_parameter"
+        required=False,
+        allow_null=True,
+        help_text="return each answer token's log probability (OpenAI's logprobs.content)",
     )
     top_logprobs = serializers.IntegerField(
         required=False,
         allow_null=True,
         min_value=0,
         max_value=20,
-        help_text="any value is a 400 unsupported_parameter",
+        help_text="and the likeliest tokens at each position; needs logprobs true",
     )
 
     def validate_logit_bias(self, value: dict[str, float] | None) -> dict[str, float] | None:
@@ -141,15 +143,15 @@ class SamplingInput(serializers.Serializer[dict[str, Any]]):
             raise _unsupported("n", "only one choice is generated per request")
         return value
 
-    def validate_logprobs(self, value: bool | None) -> bool | None:
-        if value:
-            raise _unsupported("logprobs", "log probabilities are not returned")
-        return value
-
-    def validate_top_logprobs(self, value: int | None) -> int | None:
-        if value is not None:
-            raise _unsupported("top_logprobs", "log probabilities are not returned")
-        return value
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        attrs = super().validate(attrs)
+        if attrs.get("top_logprobs") is not None and not attrs.get("logprobs"):
+            raise InvalidRequest(
+                "top_logprobs: logprobs must be true when top_logprobs is set.",
+                code="invalid_value",
+                param="top_logprobs",
+            )
+        return attrs
 
 
 def sampling_values(data: dict[str, Any]) -> dict[str, Any]:
@@ -165,10 +167,12 @@ def sampling_values(data: dict[str, Any]) -> dict[str, Any]:
             "presence_penalty",
             "frequency_penalty",
             "user",
+            "top_logprobs",
         )
     }
     bias = data.get("logit_bias")
     values["logit_bias"] = tuple(sorted(bias.items())) if bias else None
+    values["logprobs"] = data.get("logprobs") or None  # false is the default
     response_format = data.get("response_format")
     values["response_format"] = dict(response_format) if response_format else None
     return {name: value for name, value in values.items() if value is not None}

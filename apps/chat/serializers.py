@@ -129,12 +129,34 @@ class ConversationDetailOutput(ConversationOutput):
         fields = [*ConversationOutput.Meta.fields, "messages"]
 
 
+class TopLogprobOutput(serializers.Serializer[Any]):
+    token = serializers.CharField(allow_blank=True)
+    logprob = serializers.FloatField(help_text="natural log; -9999.0 for a token ruled out")
+    bytes = serializers.ListField(
+        child=serializers.IntegerField(min_value=0, max_value=255), allow_null=True
+    )
+
+
+class TokenLogprobOutput(TopLogprobOutput):
+    """An answer token's log probability and the likeliest tokens at its position, in
+    OpenAI's shape (``top_logprobs`` empty unless asked for)."""
+
+    top_logprobs = TopLogprobOutput(many=True)
+
+
+class ChoiceLogprobsOutput(serializers.Serializer[Any]):
+    content = TokenLogprobOutput(many=True)
+
+
 class AnswerOutput(serializers.Serializer[CollectedAnswer]):
     id = serializers.IntegerField(source="message_id")
     content = serializers.CharField()
     citations = CitationsField()
     usage = UsageOutput(allow_null=True)
     finish_reason = serializers.CharField()
+    logprobs = TokenLogprobOutput(
+        many=True, required=False, help_text="with logprobs: true, the answer tokens'"
+    )
 
 
 class StartedEventOutput(serializers.Serializer[Any]):
@@ -152,9 +174,15 @@ class RetrievalEventOutput(serializers.Serializer[Any]):
 
 
 class TextEventOutput(serializers.Serializer[Any]):
-    """The ``delta`` event (answer text) and the ``reasoning`` event (reasoning text)."""
+    """The ``reasoning`` event (reasoning text)."""
 
     text = serializers.CharField(allow_blank=True)
+
+
+class DeltaEventOutput(TextEventOutput):
+    """The ``delta`` event (answer text; with ``logprobs: true``, its tokens')."""
+
+    logprobs = TokenLogprobOutput(many=True, required=False)
 
 
 class DoneEventOutput(serializers.Serializer[Any]):
@@ -167,7 +195,7 @@ class DoneEventOutput(serializers.Serializer[Any]):
 ANSWER_EVENTS: dict[str, type[serializers.Serializer[Any]]] = {
     "message": StartedEventOutput,
     "retrieval": RetrievalEventOutput,
-    "delta": TextEventOutput,
+    "delta": DeltaEventOutput,
     "reasoning": TextEventOutput,
     "usage": UsageOutput,
     "error": ErrorDetailSerializer,
@@ -207,6 +235,7 @@ class ChatCompletionMessageOutput(serializers.Serializer[Any]):
 class ChatCompletionChoiceOutput(serializers.Serializer[Any]):
     index = serializers.IntegerField(min_value=0)
     message = ChatCompletionMessageOutput()
+    logprobs = ChoiceLogprobsOutput(allow_null=True, help_text="with logprobs: true")
     finish_reason = serializers.ChoiceField(choices=FINISH_REASONS)
 
 
@@ -253,6 +282,7 @@ class ChatCompletionDeltaOutput(serializers.Serializer[Any]):
 class ChatCompletionChunkChoiceOutput(serializers.Serializer[Any]):
     index = serializers.IntegerField(min_value=0)
     delta = ChatCompletionDeltaOutput()
+    logprobs = ChoiceLogprobsOutput(allow_null=True, help_text="with logprobs: true")
     finish_reason = serializers.ChoiceField(choices=FINISH_REASONS, allow_null=True)
 
 

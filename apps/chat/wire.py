@@ -114,6 +114,7 @@ class NativeWire:
             "citations": answer.citations,
             "usage": answer.usage.as_dict() if answer.usage else None,
             "finish_reason": answer.finish_reason,
+            **({"logprobs": answer.logprobs} if answer.logprobs else {}),
         }
 
 
@@ -130,8 +131,13 @@ class OpenAIWire:
         citations: list[Citation] = []
         usage: Usage | None = None
 
-        def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
-            choice = {"index": 0, "delta": delta, "finish_reason": finish}
+        def chunk(
+            delta: dict[str, Any],
+            finish: str | None = None,
+            logprobs: dict[str, Any] | None = None,
+            **extra: Any,
+        ) -> bytes:
+            choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
             return frame_data({**base, "choices": [choice], **extra})
 
         async for event in events:
@@ -141,8 +147,10 @@ class OpenAIWire:
                     yield chunk({"role": "assistant", "content": ""})
                 case Retrieved(citations=found):
                     citations = found
-                case Delta(text=text):
+                case Delta(text=text, logprobs=()):
                     yield chunk({"content": text})
+                case Delta(text=text, logprobs=logprobs):
+                    yield chunk({"content": text}, logprobs={"content": list(logprobs)})
                 case Reasoning(text=text):  # vLLM's and DeepSeek's field
                     yield chunk({"reasoning_content": text})
                 case ToolCall():  # OpenAI's argument deltas, one fragment a chunk
@@ -179,7 +187,12 @@ def openai_completion(answer: CollectedAnswer, *, model: str = "") -> dict[str, 
         "created": int(time.time()),
         "model": answer.model or model,
         "choices": [
-            {"index": 0, "message": message, "finish_reason": _finish(answer.finish_reason)}
+            {
+                "index": 0,
+                "message": message,
+                "logprobs": {"content": answer.logprobs} if answer.logprobs else None,
+                "finish_reason": _finish(answer.finish_reason),
+            }
         ],
         "usage": _usage(answer.usage) if answer.usage else None,
         "citations": answer.citations,
@@ -206,7 +219,7 @@ def _typed(name: str, data: dict[str, Any]) -> AnswerEvent | None:
         case Retrieved.name:
             return Retrieved(citations=data["citations"])
         case Delta.name:
-            return Delta(text=data["text"])
+            return Delta(text=data["text"], logprobs=tuple(data.get("logprobs") or ()))
         case Reasoning.name:
             return Reasoning(text=data["text"])
         case ToolCall.name:

@@ -33,6 +33,16 @@ INFERENCE_SERVER = env.str("INFERENCE_SERVER", default="llama.cpp")
 INFERENCE_GGUF = env.str("INFERENCE_GGUF", default="")
 # llama.cpp's context size for `runinference` (SmolLM2 was trained with 8192).
 INFERENCE_N_CTX = env.int("INFERENCE_N_CTX", default=8192)
+# `runinference` keeps every position's logits, which llama-cpp-python needs to return
+# logprobs (n_ctx x vocabulary floats: 1.6 GB for SmolLM2 at 8192, and a slower prefill).
+INFERENCE_LOGITS_ALL = env.bool("INFERENCE_LOGITS_ALL", default=False)
+# Request fields the tier at INFERENCE_BASE_URL cannot honour as it was started, refused
+# by name (inference.registry.ModelEntry.unsupported): the embedded tier without
+# INFERENCE_LOGITS_ALL returns no logprobs.
+INFERENCE_UNSUPPORTED = env.list(
+    "INFERENCE_UNSUPPORTED",
+    default=["logprobs"] if INFERENCE_RUN_LOCAL and not INFERENCE_LOGITS_ALL else [],
+)
 
 INFERENCE_TIMEOUTS = {
     "connect": env.float("INFERENCE_CONNECT_TIMEOUT", default=5.0),

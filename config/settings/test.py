@@ -19,6 +19,8 @@ CELERY_TASK_ALWAYS_EAGER = env.bool("CELERY_TASK_ALWAYS_EAGER", default=True)
 CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default="memory://")
 CELERY_BROKER_TRANSPORT_OPTIONS = {}
 
+# The fake tier returns logprobs; the real tier's tests start one that does (or set this).
+INFERENCE_UNSUPPORTED = []
 # The fake tier serves any number of streams at once; queue tests set their own limit.
 INFERENCE_MAX_CONCURRENCY = env.int("INFERENCE_MAX_CONCURRENCY", default=64)
 

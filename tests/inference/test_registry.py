@@ -102,6 +102,8 @@ def test_tokenizer_specs(spec: str, backend: str, options: dict[str, Any]) -> No
         ({"price": {"per_token": 1}}, "small.price"),
         ({"colour": "red"}, "unknown fields ['colour']"),
         ({"server": "sglang"}, "small.server"),
+        ({"unsupported": "logprobs"}, "small.unsupported: a list"),
+        ({"unsupported": ["colour"]}, "small.unsupported: not request fields: ['colour']"),
     ],
 )
 def test_a_wrong_field_is_named(change: dict[str, Any], message: str) -> None:
@@ -142,3 +144,8 @@ def test_rendezvous_keeps_a_key_on_its_upstream_and_moves_only_the_removed_ones_
     assert moved == {key for key in keys if first[key] == "http://b/v1"}
     # The second choice is where a key goes when its first is down: the same order.
     assert all(rendezvous_order(key, upstreams)[1] == without_b[key] for key in moved)
+
+
+def test_an_entry_names_the_fields_its_upstreams_cannot_honour() -> None:
+    raw = {**RAW, "small": {**RAW["small"], "unsupported": ["logprobs", "tools"]}}
+    assert registry_parse(raw).entries["small"].unsupported == {"logprobs", "tools"}

@@ -106,3 +106,16 @@ async def test_the_client_sends_the_fields_in_the_requests_server_dialect(
         pass
     await client.aclose()
     assert {k: v for k, v in sent[0].items() if k in ("seed", "user")} == expected
+
+
+@pytest.mark.parametrize(
+    ("server", "top"), [("llama.cpp", 0), ("vllm", None), ("tgi", None), ("ollama", None)]
+)
+def test_logprobs_go_to_every_server_but_triton(server: str, top: int | None) -> None:
+    asked = Sampling(logprobs=True)
+    assert sampling_refused(server, asked) is None
+    assert sampling_wire(server, asked) == {
+        "logprobs": True,
+        **({} if top is None else {"top_logprobs": top}),
+    }
+    assert sampling_refused("triton", asked) == "logprobs"

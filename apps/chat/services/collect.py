@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +37,9 @@ class CollectedAnswer:
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
     """The function calls made, whole, in OpenAI's shape (``id``, ``type``, ``function``
     with ``name`` and ``arguments``), in index order."""
+    logprobs: list[Mapping[str, Any]] = field(default_factory=list)
+    """The answer tokens' log probabilities, when asked for (OpenAI's
+    ``logprobs.content``)."""
 
 
 async def answer_collect(events: AsyncIterator[AnswerEvent]) -> CollectedAnswer:
@@ -50,8 +53,9 @@ async def answer_collect(events: AsyncIterator[AnswerEvent]) -> CollectedAnswer:
                 answer.message_id, answer.model = message_id, model
             case Retrieved(citations=citations):
                 answer.citations = citations
-            case Delta(text=text):
+            case Delta(text=text, logprobs=logprobs):
                 parts.append(text)
+                answer.logprobs.extend(logprobs)
             case Reasoning(text=text):
                 thoughts.append(text)
             case ToolCall():

@@ -53,7 +53,7 @@ async def answer_events(run: AnswerRun) -> AsyncIterator[AnswerEvent]:
                             _tick(run, time.monotonic())
                             if isinstance(event, TextDelta):
                                 generation.text.append(text)
-                                yield run.emit(Delta(text=text))
+                                yield run.emit(Delta(text=text, logprobs=event.logprobs))
                             else:
                                 generation.reasoning.append(text)
                                 if prepared.want_reasoning:

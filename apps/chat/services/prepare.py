@@ -293,9 +293,9 @@ def _cache_key(
     collections: list[int] | None,
 ) -> str | None:
     """The response cache's key, or None: not cached (history, ``cache: false``, the cache
-    off, tools (a call is no answer to replay), or sampled output asked for:
-    :attr:`AnswerRequest.deterministic`)."""
-    uncached = history or request.tools or request.tail
+    off, tools (a call is no answer to replay), log probabilities (the entry keeps only
+    the text), or sampled output asked for: :attr:`AnswerRequest.deterministic`)."""
+    uncached = history or request.tools or request.tail or request.logprobs
     if not request.cache or uncached or settings.RESPONSE_CACHE_TTL <= 0:
         return None
     if not request.deterministic:

@@ -110,6 +110,7 @@ def _registry_from_aliases() -> Registry:
             api_key=settings.INFERENCE_API_KEY or None,
             reasoning_opened=bool(config.get("reasoning_opened", False)),
             server=settings.INFERENCE_SERVER,
+            unsupported=frozenset(settings.INFERENCE_UNSUPPORTED),
         )
         for alias, config in settings.MODEL_ALIASES.items()
     }

@@ -74,6 +74,8 @@ class AnswerRequest:
     logit_bias: tuple[tuple[str, float], ...] | None = sampling_field()
     response_format: Mapping[str, Any] | None = sampling_field()
     user: str | None = sampling_field(keyed=False)
+    logprobs: bool | None = sampling_field()
+    top_logprobs: int | None = sampling_field()
 
     store: bool = True
     """False (a new conversation only): nothing of the exchange is kept but its usage row."""

@@ -23,6 +23,7 @@ from apps.chat.services.registry import (
 from apps.core.exceptions import InvalidRequest
 from inference import (
     ContextLengthExceeded,
+    ModelEntry,
     Prompt,
     Sampling,
     Tools,
@@ -67,15 +68,7 @@ def models_honouring(
     for spec in candidates:
         chain = model_registry().chain(spec.alias)
         field_name = next(
-            (
-                name
-                for entry in chain
-                if (
-                    name := sampling_refused(entry.server, sampling)
-                    or tools_refused(entry.server, tools)
-                )
-            ),
-            None,
+            (name for entry in chain if (name := _refused(entry, sampling, tools))), None
         )
         if field_name is None:
             kept.append(spec)
@@ -87,6 +80,15 @@ def models_honouring(
             param=refused,
         )
     return kept
+
+
+def _refused(entry: ModelEntry, sampling: Sampling, tools: Tools | None) -> str | None:
+    """The first field set that ``entry``'s upstreams cannot honour: one its operator
+    declared (``unsupported``), or one its server never can."""
+    asked = [*sampling.fields(), *(tools.fields() if tools is not None else ())]
+    declared = next((name for name in asked if name in entry.unsupported), None)
+    server = entry.server
+    return declared or sampling_refused(server, sampling) or tools_refused(server, tools)
 
 
 def first_fitting(

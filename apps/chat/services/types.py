@@ -7,6 +7,7 @@ matches event names as strings.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypedDict
 
@@ -65,10 +66,16 @@ class Retrieved(AnswerEvent):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Delta(AnswerEvent):
+    """Answer text; with ``logprobs`` asked for, its tokens' entries in OpenAI's shape
+    (``token``, ``logprob``, ``bytes``, ``top_logprobs``)."""
+
     name: ClassVar[str] = "delta"
     text: str
+    logprobs: tuple[Mapping[str, Any], ...] = ()
 
     def data(self) -> dict[str, Any]:
+        if self.logprobs:
+            return {"text": self.text, "logprobs": list(self.logprobs)}
         return {"text": self.text}
 
 

@@ -1,7 +1,8 @@
 """LangChain's ``ChatOpenAI`` and ``OpenAIEmbeddings``, unmodified, against the running app:
 the fake tier and the fake embedder, then once each the real llama.cpp tier and MiniLM.
 
-Tools (``bind_tools``) are tested with the tools themselves, not here."""
+Tools through ``bind_tools``: the loop whole and streamed, on the fake tier (the real tier
+makes no tool calls, see ``test_openai_tools.py``)."""
 
 from __future__ import annotations
 
@@ -14,13 +15,14 @@ from typing import Any
 import numpy as np
 import openai
 import pytest
-from langchain_core.messages import AIMessageChunk, HumanMessage, SystemMessage
+from langchain_core.messages import AIMessageChunk, HumanMessage, SystemMessage, ToolMessage
 from langchain_openai import ChatOpenAI, OpenAIEmbeddings
 
 from apps.accounts.services import IssuedKey
 from apps.knowledge.services import embedder, embedding_model_name
 from apps.usage.models import UsageRecord
 from inference.tokenizers.tiktoken import tiktoken_file
+from tests.apps.chat.test_openai_tools import CALL, WEATHER
 from tests.fake_upstream import FakeUpstream
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -233,3 +235,45 @@ def test_openai_embeddings_with_the_real_minilm(
     query = np.asarray(embeddings.embed_query("How are API keys stored?"))
     assert documents.shape == (2, 384)
     assert query @ documents[0] > query @ documents[1]  # it means something
+
+
+def test_bind_tools_runs_the_tool_loop(
+    upstream: FakeUpstream, asgi_server: str, issued_key: IssuedKey
+) -> None:
+    upstream.script.tokens, upstream.script.tool_calls = [], [CALL]
+    llm = chat_model(asgi_server, issued_key, extra_body=NO_RAG).bind_tools([WEATHER])
+    question = HumanMessage("What is the weather in Paris?")
+    asked = llm.invoke([question])
+    assert asked.tool_calls == [
+        {"name": "get_weather", "args": {"city": "Paris"}, "id": "call_1", "type": "tool_call"}
+    ]
+    assert asked.response_metadata["finish_reason"] == "tool_calls"
+    upstream.script.tokens, upstream.script.tool_calls = ["It is 18 C."], []
+    result = ToolMessage("18 C and sunny", tool_call_id="call_1")
+    answer = llm.invoke([question, asked, result])
+    assert answer.content == "It is 18 C."
+    sent = upstream.requests[1]
+    assert sent["tools"][0]["function"]["name"] == "get_weather"
+    roles = [m["role"] for m in sent["messages"]]
+    assert roles[-2:] == ["assistant", "tool"]
+    assert sent["messages"][-2]["tool_calls"][0]["function"]["arguments"] == CALL["arguments"]
+    assert UsageRecord.objects.filter(kind="chat").count() == 2
+
+
+def test_bind_tools_streams_the_call_as_langchain_joins_it(
+    upstream: FakeUpstream, asgi_server: str, issued_key: IssuedKey
+) -> None:
+    upstream.script.tokens, upstream.script.tool_calls = [], [CALL]
+    upstream.script.delay = 0.02  # each argument piece its own chunk
+    llm = chat_model(asgi_server, issued_key, extra_body=NO_RAG).bind_tools(
+        [WEATHER], tool_choice="get_weather"
+    )
+    _, whole = streamed(llm, [HumanMessage("What is the weather in Paris?")])
+    assert whole.tool_calls == [
+        {"name": "get_weather", "args": {"city": "Paris"}, "id": "call_1", "type": "tool_call"}
+    ]
+    assert len(whole.tool_call_chunks) == 1  # fragments joined by index: one call
+    assert upstream.requests[0]["tool_choice"] == {
+        "type": "function",
+        "function": {"name": "get_weather"},
+    }

@@ -2,8 +2,8 @@
 as the Vercel AI SDK sends them, against the running app (``node/clients.mjs``); the fake
 tier and the fake embedder, then once the real llama.cpp tier.
 
-Tools through the npm package are tested with the tools themselves, not here. Node and the
-package come from ``npm ci`` (package.json's devDependencies); without them these skip."""
+Node and the package come from ``npm ci`` (package.json's devDependencies); without them
+these skip."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from apps.accounts.services import IssuedKey
 from apps.knowledge.services import embedder, embedding_model_name
 from apps.usage.models import UsageRecord
 from config.env import BASE_DIR
+from tests.apps.chat.test_openai_tools import CALL, WEATHER
 from tests.fake_upstream import FakeUpstream
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -110,6 +111,23 @@ def test_vercel_content_parts_raw(upstream: FakeUpstream, node: Any) -> None:
     sent = upstream.requests[0]["messages"]
     assert sent[-1]["role"] == "user"
     assert sent[-1]["content"].endswith("What is in the notes?\nAnswer in one line.")
+
+
+def test_tools_streamed_joined_by_the_package_then_the_result_sent_back(
+    upstream: FakeUpstream, node: Any
+) -> None:
+    upstream.script.tokens, upstream.script.tool_calls = [], [CALL]
+    upstream.script.delay = 0.02  # each argument piece its own chunk
+    result = node("tools", tools=[WEATHER])
+    assert result["finishReason"] == "tool_calls" and result["fragments"] > 1
+    assert [(c["id"], c["function"]) for c in result["calls"]] == [
+        ("call_1", {"name": "get_weather", "arguments": CALL["arguments"]})
+    ]
+    sent = upstream.requests[1]["messages"]
+    assert [m["role"] for m in sent[-2:]] == ["assistant", "tool"]
+    assert sent[-1] == {"role": "tool", "tool_call_id": "call_1", "content": "18 C and sunny"}
+    assert result["next"]["message"]["tool_calls"][0]["id"] == "call_1"
+    assert UsageRecord.objects.filter(kind="chat").count() == 2
 
 
 @pytest.mark.integration

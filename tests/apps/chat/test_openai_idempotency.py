@@ -13,6 +13,7 @@ import pytest
 
 from apps.chat.models import Message
 from apps.usage.models import UsageRecord
+from tests.apps.chat.test_openai_tools import CALL, WEATHER
 from tests.apps.chat.test_queue import wait_until
 from tests.fake_upstream import FakeUpstream
 
@@ -58,6 +59,27 @@ def test_a_retry_replays_the_completion_and_charges_once(
     assert UsageRecord.objects.filter(kind="chat").count() == 1
     # The key kept the exchange (a replay needs it), as store: true would.
     assert Message.objects.filter(role="assistant").count() == 1
+
+
+@pytest.mark.parametrize(
+    ("script", "body"),
+    [
+        ({"tokens": [], "tool_calls": [CALL]}, {"tools": [WEATHER]}),
+        ({}, {"logprobs": True, "top_logprobs": 1}),
+    ],
+    ids=["tool_calls", "logprobs"],
+)
+def test_a_replay_keeps_the_tool_calls_and_logprobs(
+    upstream: FakeUpstream, http: httpx.Client, script: dict[str, Any], body: dict[str, Any]
+) -> None:
+    for name, value in script.items():
+        setattr(upstream.script, name, value)
+    first = complete(http, "v1-extras", **body)["json"]
+    again = complete(http, "v1-extras", **body)["json"]
+    assert again["choices"] == first["choices"]
+    choice = first["choices"][0]
+    assert choice["message"].get("tool_calls") or choice["logprobs"]["content"]
+    assert len(upstream.requests) == 1
 
 
 def test_a_streamed_completion_replays_its_chunks(

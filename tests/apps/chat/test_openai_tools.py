@@ -217,6 +217,14 @@ def test_a_server_that_cannot_take_tools_is_a_400_naming_tools(
         ({"messages": ASK, "tools": [WEATHER, WEATHER]}, "tools"),
         ({"messages": ASK, "tools": [WEATHER] * 129}, "tools"),
         ({"messages": [*ASK, {"role": "assistant", "content": None}, *ASK]}, "messages"),
+        (
+            {
+                "messages": ASK,
+                "tools": [WEATHER],
+                "tool_choice": {"type": "function", "function": [1]},
+            },
+            "tool_choice",
+        ),
     ],
     ids=[
         "choice_without_tools",
@@ -225,6 +233,7 @@ def test_a_server_that_cannot_take_tools_is_a_400_naming_tools(
         "duplicate_names",
         "too_many_tools",
         "null_content_without_calls",
+        "choice_function_not_an_object",
     ],
 )
 def test_malformed_tool_requests_are_400_before_the_tier(

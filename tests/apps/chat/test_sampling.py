@@ -33,7 +33,8 @@ ALL_FIELDS: dict[str, Any] = {
     "user": "end-user-7",
     "metadata": {"run": "a"},
     "n": 1,
-    "logprobs": False,
+    "logprobs": True,
+    "top_logprobs": 2,
 }
 SURFACES = [
     (ChatCompletionsApi.InputSerializer, CHAT),
@@ -52,6 +53,8 @@ VALID: list[tuple[str, Any, Any]] = [
     ("response_format", {"type": "json_object"}, {"type": "json_object"}),
     ("user", "x" * 256, "x" * 256),
     ("temperature", None, None),
+    ("logprobs", True, True),
+    ("logprobs", False, None),  # false is the default: left out
 ]
 INVALID: list[tuple[str, Any, str]] = [
     ("temperature", 2.5, "invalid_value"),
@@ -74,8 +77,9 @@ INVALID: list[tuple[str, Any, str]] = [
     ("metadata", {"k": "v" * 513}, "invalid_value"),
     ("n", 2, "unsupported_parameter"),
     ("n", 0, "invalid_value"),
-    ("logprobs", True, "unsupported_parameter"),
-    ("top_logprobs", 2, "unsupported_parameter"),
+    ("logprobs", "yes please", "invalid_value"),
+    ("top_logprobs", 21, "invalid_value"),
+    ("top_logprobs", 2, "invalid_value"),  # without logprobs: true
 ]
 
 
@@ -128,6 +132,8 @@ TIER_GETS = {
     "presence_penalty": 0.5,
     "frequency_penalty": -0.5,
     "logit_bias": {"50256": -100.0},
+    "logprobs": True,
+    "top_logprobs": 2,
 }
 
 
@@ -143,11 +149,15 @@ def test_the_openai_sdk_sends_every_field_and_the_tier_gets_them(
         max_completion_tokens=20,
         **ALL_FIELDS,
     )
-    assert completion.choices[0].message.content == "Hello world."
+    choice = completion.choices[0]
+    assert choice.message.content == "Hello world."
+    assert choice.logprobs is not None and choice.logprobs.content is not None
+    assert [entry.token for entry in choice.logprobs.content] == ["Hello", " world", "."]
+    assert [len(entry.top_logprobs) for entry in choice.logprobs.content] == [2, 2, 2]
     sent = upstream.requests[0]
     assert {k: sent.get(k) for k in TIER_GETS} == TIER_GETS
     assert sent["max_tokens"] == 20 and sent["user"] == "end-user-7"
-    assert "metadata" not in sent and "n" not in sent and "logprobs" not in sent
+    assert "metadata" not in sent and "n" not in sent
     if server == "vllm":
         assert sent["response_format"] == JSON_SCHEMA
     else:
@@ -190,20 +200,72 @@ def test_a_field_the_server_cannot_honour_is_refused_before_anything_is_reserved
 
 
 @pytest.mark.django_db(transaction=True)
-def test_n_above_one_and_logprobs_are_refused_by_name(
-    upstream: FakeUpstream, sdk: openai.OpenAI
+@pytest.mark.parametrize(
+    ("server", "fields"),
+    [("vllm", {"n": 2}), ("triton", {"logprobs": True}), ("triton", {"logit_bias": {"1": 1}})],
+)
+def test_what_no_tier_or_the_server_cannot_honour_is_refused_by_name(
+    upstream: FakeUpstream, sdk: openai.OpenAI, settings: Any, server: str, fields: dict[str, Any]
 ) -> None:
-    for field, value in (("n", 2), ("logprobs", True)):
-        with pytest.raises(openai.BadRequestError) as refused:
-            sdk.chat.completions.create(
-                model="small",
-                messages=[{"role": "user", "content": "Say hello"}],
-                **{field: value},
-            )
-        assert isinstance(refused.value.body, dict)
-        assert refused.value.body["param"] == field
-        assert refused.value.body["code"] == "unsupported_parameter"
+    settings.INFERENCE_SERVER = server
+    with pytest.raises(openai.BadRequestError) as refused:
+        sdk.chat.completions.create(
+            model="small", messages=[{"role": "user", "content": "Say hello"}], **fields
+        )
+    assert isinstance(refused.value.body, dict)
+    assert refused.value.body["param"] == next(iter(fields))
+    assert refused.value.body["code"] == "unsupported_parameter"
     assert upstream.requests == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_logprobs_stream_in_each_chunk_and_in_the_native_events(
+    upstream: FakeUpstream, sdk: openai.OpenAI, http: httpx.Client
+) -> None:
+    stream = sdk.chat.completions.create(
+        model="small",
+        messages=[{"role": "user", "content": "Say hello"}],
+        logprobs=True,
+        top_logprobs=3,
+        stream=True,
+    )
+    tokens = [
+        entry
+        for chunk in stream
+        for choice in chunk.choices
+        if choice.logprobs is not None
+        for entry in choice.logprobs.content or []
+    ]
+    assert [entry.token for entry in tokens] == ["Hello", " world", "."]
+    assert tokens[0].top_logprobs[0].token == "Hello" and len(tokens[0].top_logprobs) == 3
+    assert tokens[0].bytes == list(b"Hello") and tokens[0].logprob == -0.25
+    frames = ask_stream(http, conversation_for(http), content="Say hello", logprobs=True)
+    deltas = [frame["data"] for frame in frames if frame["event"] == "delta"]
+    entries = [entry for d in deltas for entry in d["logprobs"]]  # a read's tokens: one delta
+    assert [entry["token"] for entry in entries] == ["Hello", " world", "."]
+    assert "".join(d["text"] for d in deltas) == "Hello world."
+    assert all(entry["top_logprobs"] == [] for entry in entries)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_logprobs_are_in_the_native_body_and_never_answered_from_the_cache(
+    upstream: FakeUpstream, http: httpx.Client, settings: Any
+) -> None:
+    settings.RESPONSE_CACHE_TTL = 3600
+    settings.RESPONSE_CACHE_REDIS_URL = ""
+
+    def ask(**body: Any) -> dict[str, Any]:
+        url = f"/api/v1/conversations/{conversation_for(http)}/messages"
+        response = http.post(url, json={"content": "Say hello", **body})
+        assert response.status_code == 201, response.text
+        return dict(response.json())
+
+    for _ in range(2):
+        answer = ask(logprobs=True)
+        assert [entry["token"] for entry in answer["logprobs"]] == ["Hello", " world", "."]
+        assert answer["usage"]["cache_hit"] is False
+    assert "logprobs" not in ask() and ask()["usage"]["cache_hit"] is True
+    assert len(upstream.requests) == 3
 
 
 # The response cache.

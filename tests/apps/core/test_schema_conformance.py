@@ -187,7 +187,8 @@ def _reply(
 COMPLETION = (
     b'{"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "small", '
     b'"choices": [{"index": 0, "message": {"role": "assistant", "content": "Hi"}, '
-    b'"finish_reason": "stop"}], "usage": {"prompt_tokens": 3, "completion_tokens": 1, '
+    b'"logprobs": null, "finish_reason": "stop"}], '
+    b'"usage": {"prompt_tokens": 3, "completion_tokens": 1, '
     b'"total_tokens": 4, "prompt_tokens_details": {"cached_tokens": 0}, '
     b'"completion_tokens_details": {"reasoning_tokens": 0}, "cache_hit": false}, '
     b'"citations": []}'

@@ -45,6 +45,7 @@ def inference_argv(*, host: str, port: int, n_ctx: int) -> list[str]:
         # Its default cancels a running stream when another request arrives.
         "--interrupt_requests",
         "False",
+        *(["--logits_all", "True"] if settings.INFERENCE_LOGITS_ALL else []),
         # The key the app sends (INFERENCE_API_KEY): required of every caller when set.
         *(["--api_key", settings.INFERENCE_API_KEY] if settings.INFERENCE_API_KEY else []),
     ]

@@ -115,5 +115,40 @@ async function vercelParts() {
   };
 }
 
-const cases = { streamChat, embeddings, errors, vercelParts };
+// A tools turn: streamed with the package's own stream helper (which joins each call's
+// argument deltas by index), then the call's result sent back as a `tool` message.
+async function tools() {
+  const messages = [{ role: "user", content: "What is the weather in Paris?" }];
+  const stream = client.chat.completions.stream({
+    model: "small",
+    messages,
+    tools: options.tools,
+    rag: { enabled: false },
+  });
+  let fragments = 0;
+  for await (const chunk of stream) {
+    fragments += chunk.choices[0]?.delta?.tool_calls?.length ?? 0;
+  }
+  const final = await stream.finalChatCompletion();
+  const asked = final.choices[0].message;
+  const results = asked.tool_calls.map((call) => ({
+    role: "tool",
+    tool_call_id: call.id,
+    content: "18 C and sunny",
+  }));
+  const next = await client.chat.completions.create({
+    model: "small",
+    messages: [...messages, asked, ...results],
+    tools: options.tools,
+    rag: { enabled: false },
+  });
+  return {
+    fragments,
+    finishReason: final.choices[0].finish_reason,
+    calls: asked.tool_calls,
+    next: { finishReason: next.choices[0].finish_reason, message: next.choices[0].message },
+  };
+}
+
+const cases = { streamChat, embeddings, errors, vercelParts, tools };
 process.stdout.write(JSON.stringify(await cases[name]()));
