@@ -10,6 +10,9 @@ Modes (``FaultProxy.mode``, read per connection):
 - ``reset``: relays the first body chunk, then resets the connection (RST, not FIN);
 - ``huge``: answers 200 ``text/event-stream`` and sends one 10 MB ``data:`` line;
 - ``garbage``: answers bytes that are not HTTP at all.
+
+:meth:`FaultProxy.cut` resets every connection relayed at that moment (a network drop);
+later ones pass. It also stands between a browser and the app.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ class FaultProxy:
     base_url: str = ""
     _loop: asyncio.AbstractEventLoop | None = None
     _held: list[asyncio.StreamWriter] = field(default_factory=list)
+    _open: set[asyncio.StreamWriter] = field(default_factory=set)
     _thread: threading.Thread | None = None
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -86,6 +90,7 @@ class FaultProxy:
     ) -> None:
         parts = urlsplit(self.target)
         up_reader, up_writer = await asyncio.open_connection(parts.hostname, parts.port)
+        self._open.add(writer)
 
         async def upstream_bound() -> None:
             while data := await reader.read(65536):
@@ -118,6 +123,8 @@ class FaultProxy:
             await client_bound()
         finally:
             sending.cancel()
+            self._open.discard(writer)
+            up_writer.close()
 
     def start(self) -> FaultProxy:
         ready = threading.Event()
@@ -144,6 +151,17 @@ class FaultProxy:
         self._thread.start()
         ready.wait(10)
         return self
+
+    def cut(self) -> None:
+        """Reset every connection relayed now, both ways, as a network drop does."""
+
+        def reset_all() -> None:
+            for writer in list(self._open):
+                _reset(writer)
+            self._open.clear()
+
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(reset_all)
 
     def stop(self) -> None:
         if self._loop is not None:

@@ -22,6 +22,7 @@ from rest_framework.views import APIView
 from apps.accounts.permissions import get_caller, role_require_own_or_manager
 from apps.accounts.selectors import Caller
 from apps.chat import selectors, services
+from apps.chat.models import Message
 from apps.chat.sampling_input import SamplingInput, sampling_values
 from apps.chat.serializers import (
     ANSWER_EVENTS,
@@ -150,6 +151,15 @@ class ConversationMessageCreateApi(AsyncApiView):
         reasoning = serializers.BooleanField(required=False, default=False)
         mode = search_mode_field()
         filters = SearchFiltersInput(required=False)
+        stream_grace = serializers.FloatField(
+            required=False,
+            allow_null=True,
+            min_value=0,
+            max_value=settings.STREAM_DETACH_GRACE_MAX,
+            help_text="seconds a streamed answer goes on after its client drops, to be "
+            "resumed (GET …/events with Last-Event-ID); default STREAM_DETACH_GRACE, 0 "
+            "stops it at once",
+        )
         cache = serializers.BooleanField(
             required=False,
             default=True,
@@ -181,6 +191,7 @@ class ConversationMessageCreateApi(AsyncApiView):
                 max_tokens=data.get("max_tokens"),
                 want_reasoning=data["reasoning"],
                 cache=data["cache"],
+                stream_grace=data.get("stream_grace"),
                 **sampling_values(data),
             )
 
@@ -309,6 +320,21 @@ def _event_stream(events: AsyncIterator[services.StoredEvent]) -> HttpResponseBa
     """Stored events as they were first sent, with keep-alive pings, until ``done``."""
     frames = (frame_stored(seq, name, data) async for seq, name, data in events)
     return event_stream_response(with_pings(frames))
+
+
+class MessageDetailApi(AsyncApiView):
+    required_scopes = {"GET": "read"}
+
+    @extend_schema(responses={200: MessageOutput})
+    async def get(self, request: Request, message_id: int) -> Response:
+        """A message and its ``status``; an answer still running (``streaming``, or
+        ``detached``: generating with nobody reading, within its grace period) has the text
+        so far as its ``content``, so a client that was stopped can show it on return."""
+        team = get_caller(request).team
+        message = await db_call(selectors.message_get)(team=team, message_id=message_id)
+        if message.status in Message.RUNNING:
+            message.content = await services.answer_text_so_far(message_id=message.pk)
+        return Response(MessageOutput(message).data)
 
 
 class MessageCancelApi(APIView):

@@ -45,9 +45,14 @@ class Message(models.Model):
 
     class Status(models.TextChoices):
         STREAMING = "streaming"
+        DETACHED = "detached"
+        """Still generating, with nobody reading: its client dropped (:mod:`.services.detach`)."""
         COMPLETE = "complete"
         FAILED = "failed"
         CANCELLED = "cancelled"
+
+    RUNNING = (Status.STREAMING, Status.DETACHED)
+    """The statuses of an answer still generating, whoever reads it."""
 
     conversation = models.ForeignKey(
         Conversation, on_delete=models.CASCADE, related_name="messages"

@@ -14,6 +14,7 @@ urlpatterns = [
         apis.ConversationMessageCreateApi.as_view(),
         name="conversation-messages",
     ),
+    path("messages/<int:message_id>", apis.MessageDetailApi.as_view(), name="message-detail"),
     path(
         "messages/<int:message_id>/events", apis.MessageEventsApi.as_view(), name="message-events"
     ),

@@ -25,7 +25,9 @@ from apps.chat.services import (
     StoredEvent,
     answer_collect,
     answer_events,
+    answer_outliving_client,
     answer_start,
+    detach_grace,
 )
 from apps.chat.services.types import (
     Citation,
@@ -48,6 +50,9 @@ from apps.usage.values import Usage
 
 class Wire(Protocol):
     created_status: int
+    detaches: bool
+    """Whether a streamed answer outlives a dropped connection (:mod:`.services.detach`):
+    its client can resume it."""
 
     def frames(self, events: AsyncIterator[AnswerEvent]) -> AsyncIterator[bytes]: ...
 
@@ -63,7 +68,9 @@ async def answer_respond(
 ) -> HttpResponseBase:
     """Take a slot at the tier (or raise 503 ``queue_full``), then stream the answer in
     ``wire``'s framing, or collect it whole (an error with no content raises, for the
-    exception handler to answer with its status and headers).
+    exception handler to answer with its status and headers). A stream the client can
+    resume outlives its connection for its grace period; a whole answer, or one streamed
+    to a client that cannot resume (OpenAI's), stops when its client goes.
 
     ``claim``: the request's ``Idempotency-Key``, completed with the answer's message once
     its events are all stored (a stream, however it ended; a whole answer, unless it
@@ -73,6 +80,9 @@ async def answer_respond(
     if stream:
         if claim is not None:
             events = _completing(events, claim, message_id=run.message_id)
+        grace = detach_grace(prepared.stream_grace) if wire.detaches and prepared.store else 0
+        if grace > 0:
+            events = answer_outliving_client(events, run, grace)
         return event_stream_response(with_pings(wire.frames(events)))
     answer = await answer_collect(events)
     if answer.error is not None and not answer.content:
@@ -102,6 +112,7 @@ async def _completing(
 
 class NativeWire:
     created_status = 201
+    detaches = True
 
     async def frames(self, events: AsyncIterator[AnswerEvent]) -> AsyncIterator[bytes]:
         async for event in events:
@@ -122,6 +133,7 @@ class NativeWire:
 class OpenAIWire:
     include_usage: bool = False
     created_status = 200
+    detaches = False  # OpenAI's clients cannot resume: the answer stops with them
 
     async def frames(self, events: AsyncIterator[AnswerEvent]) -> AsyncIterator[bytes]:
         base: dict[str, Any] = {

@@ -50,6 +50,16 @@ ADMISSION_UNAVAILABLE = Counter(
 )
 RESERVATIONS = Counter("ragtier_reservations", "Token reservations made, by kind.", ["kind"])
 SETTLEMENTS = Counter("ragtier_settlements", "Token reservations settled, by kind.", ["kind"])
+DETACHED = Gauge(
+    "ragtier_answers_detached",
+    "Answers generating with nobody reading them, within their grace period.",
+    multiprocess_mode="livesum",
+)
+DETACHED_UNREAD_TOKENS = Counter(
+    "ragtier_detached_unread_tokens",
+    "Completion tokens made while the client was gone and never read, by model.",
+    ["model"],
+)
 IN_FLIGHT = Gauge(
     "ragtier_generations_in_flight",
     "Answers being generated now.",

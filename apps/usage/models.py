@@ -57,6 +57,11 @@ class UsageRecord(models.Model):
     cache_hit = models.BooleanField(
         default=False, help_text="answered by the response cache: no generation charged"
     )
+    detached_unread_tokens = models.PositiveIntegerField(
+        default=0,
+        help_text="of the completion tokens, those made while the client was gone (the "
+        "answer detached) and never read",
+    )
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.OK)
     error_code = models.CharField(max_length=64, blank=True)
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)

@@ -92,9 +92,11 @@ def usage_record_chat(
     upstream: str = "",
     price: Price | None = None,
     energy: float | None = None,
+    detached_unread_tokens: int = 0,
 ) -> UsageRecord:
     """One row per generation, whatever its outcome: tokens generated before an error or a
-    cancel are billed like any others. ``model`` is the alias that served, priced at
+    cancel are billed like any others (``detached_unread_tokens`` of them made while the
+    client was gone, and never read). ``model`` is the alias that served, priced at
     ``price`` and ``energy`` (Wh per 1000 tokens) when its registry entry has them;
     ``requested_model`` the alias asked for; ``upstream`` the server (never shown to
     callers)."""
@@ -119,6 +121,7 @@ def usage_record_chat(
         energy_wh=energy_of(model=model, tokens=usage.total_tokens, per_1k=energy),
         status=status,
         error_code=error_code,
+        detached_unread_tokens=detached_unread_tokens,
     )
 
 

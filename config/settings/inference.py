@@ -120,3 +120,9 @@ STREAM_BUFFER_TTL = env.int("STREAM_BUFFER_TTL", default=24 * 3600)
 # wake-up. At most REPLAY_MAX_PER_TEAM open at once per team (429 past it).
 REPLAY_RECHECK_SECONDS = env.float("REPLAY_RECHECK_SECONDS", default=2.0)
 REPLAY_MAX_PER_TEAM = env.int("REPLAY_MAX_PER_TEAM", default=16)
+# A native SSE answer whose client drops goes on this long (seconds) for the client to
+# resume it (GET …/events with Last-Event-ID) before it is stopped and billed as cancelled;
+# 0 stops it at once. A request may ask for 0 up to STREAM_DETACH_GRACE_MAX
+# (`stream_grace`). The /v1 surface and whole (non-streamed) answers stop at once.
+STREAM_DETACH_GRACE = env.float("STREAM_DETACH_GRACE", default=20.0)
+STREAM_DETACH_GRACE_MAX = env.float("STREAM_DETACH_GRACE_MAX", default=120.0)

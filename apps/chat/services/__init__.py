@@ -5,8 +5,9 @@ prepared (:mod:`.prepare`: admission, retrieval, the prompt), run (:mod:`.run`: 
 the tier (:mod:`.tier`, the aliases of :mod:`.registry`), the stream of typed events from
 :mod:`.types` (:mod:`.generate`), its events journalled for replay by :mod:`.journal`),
 settled once (:mod:`.settle`: its messages, usage block and ledger row) and, for the
-non-streaming surfaces, collected (:mod:`.collect`). A replay follows an answer's stored
-events (:mod:`.replay`).
+non-streaming surfaces, collected (:mod:`.collect`). A streamed native answer outlives a
+dropped connection for a grace period (:mod:`.detach`); a replay follows an answer's
+stored events (:mod:`.replay`), and resumes a detached one.
 """
 
 from apps.chat.services.collect import CollectedAnswer, answer_collect
@@ -15,6 +16,7 @@ from apps.chat.services.conversations import (
     conversation_delete,
     message_cancel,
 )
+from apps.chat.services.detach import answer_outliving_client, detach_grace
 from apps.chat.services.generate import answer_events
 from apps.chat.services.prepare import PreparedAnswer, answer_prepare
 from apps.chat.services.registry import (
@@ -29,6 +31,7 @@ from apps.chat.services.registry import (
 from apps.chat.services.replay import (
     ReplaySlot,
     StoredEvent,
+    answer_text_so_far,
     message_events_follow,
     replay_follow,
     replay_open,
@@ -53,10 +56,13 @@ __all__ = [
     "StoredEvent",
     "answer_collect",
     "answer_events",
+    "answer_outliving_client",
     "answer_prepare",
     "answer_start",
+    "answer_text_so_far",
     "conversation_create",
     "conversation_delete",
+    "detach_grace",
     "inference_client",
     "message_cancel",
     "message_events_follow",

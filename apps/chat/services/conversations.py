@@ -65,8 +65,9 @@ def conversation_delete(*, conversation: Conversation) -> None:
 
 def answers_stop(*, messages: QuerySet[Message], wait: float = ANSWER_STOP_SECONDS) -> None:
     """Ask every answer streaming among ``messages`` to stop, and wait until each has
-    settled (its message no longer ``streaming``) or ``wait`` seconds have passed."""
-    running = messages.filter(status=Message.Status.STREAMING)
+    settled (its message no longer ``streaming`` or ``detached``) or ``wait`` seconds have
+    passed."""
+    running = messages.filter(status__in=Message.RUNNING)
     if not running.update(cancel_requested=True):
         return
     deadline = time.monotonic() + wait
@@ -75,8 +76,9 @@ def answers_stop(*, messages: QuerySet[Message], wait: float = ANSWER_STOP_SECON
 
 
 def message_cancel(*, message: Message) -> Message:
-    """Ask the process streaming this answer to stop; it bills what was generated."""
-    if message.status == Message.Status.STREAMING:
+    """Ask the process streaming this answer (read or detached) to stop; it bills what was
+    generated."""
+    if message.status in Message.RUNNING:
         Message.objects.filter(pk=message.pk).update(cancel_requested=True)
         message.cancel_requested = True
     return message

@@ -82,6 +82,8 @@ class PreparedAnswer:
     history, ``cache: false``, the cache off)."""
     requested: str = ""
     """The alias the caller named (``auto`` stays ``auto``), for the ledger."""
+    stream_grace: float | None = None
+    """:attr:`AnswerRequest.stream_grace`."""
     opening: str = ""
     """The system prompt and the first question of the exchange: the head of the prompt,
     the same on every turn, so a client that keeps no conversation here still sticks to
@@ -179,6 +181,7 @@ def _ground(admitted: _Admitted) -> PreparedAnswer:
         store=request.store or admitted.conversation is not None,
         cache_key=cache_key,
         requested=request.model.requested,
+        stream_grace=request.stream_grace,
         opening=f"{assemble.system}\0{history[0]['content'] if history else request.content}",
     )
 

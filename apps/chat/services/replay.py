@@ -31,8 +31,9 @@ from apps.chat import selectors
 from apps.chat.event_store import EventCursor, EventStore, event_store
 from apps.chat.feed import event_feed
 from apps.chat.models import Message
+from apps.chat.services.detach import answer_attached
 from apps.chat.services.sweep import abandoned_error, answer_longest_seconds
-from apps.chat.services.types import Done, Failed
+from apps.chat.services.types import Delta, Done, Failed
 from apps.core.aio import db_call
 from apps.usage import metrics
 from apps.usage.budgets import AdmissionUnavailable, RateLimited
@@ -90,7 +91,7 @@ async def _ending(
     if state is None:  # deleted (with its conversation) meanwhile: nothing more comes
         done = Done(message_id=message_id, finish_reason="cancelled")
         return [(cursor.seq + 1, done.name, done.data())]
-    ended = state.status != Message.Status.STREAMING
+    ended = state.status not in Message.RUNNING
     abandoned = not ended and state.age_seconds > answer_longest_seconds()
     if not (ended or abandoned):
         return None
@@ -225,12 +226,26 @@ async def replay_follow(
     *, slot: ReplaySlot, message_id: int, after: int
 ) -> AsyncIterator[StoredEvent]:
     """:func:`message_events_follow`, giving ``slot`` back when the replay ends, however it
-    ends (done, an error, the client gone)."""
+    ends (done, an error, the client gone). An answer detached from its client in this
+    process is resumed: it goes on while this reads it (:mod:`.detach`)."""
     try:
-        async for event in message_events_follow(message_id=message_id, after=after):
-            yield event
+        async with answer_attached(message_id) as read:
+            async for event in message_events_follow(message_id=message_id, after=after):
+                yield event
+                read(event[0])
     finally:
         await slot.arelease()
+
+
+async def answer_text_so_far(*, message_id: int) -> str:
+    """The answer text of a running answer's stored events (those of the last quarter
+    second may be still on their way to the store)."""
+    store = event_store()
+    try:
+        events = await store.read(EventCursor(message_id, 0))
+    finally:
+        await store.aclose()
+    return "".join(data["text"] for _, name, data in events if name == Delta.name)
 
 
 async def replay_open(*, team: Team, message_id: int, after: int) -> AsyncIterator[StoredEvent]:

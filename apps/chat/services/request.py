@@ -77,6 +77,9 @@ class AnswerRequest:
     logprobs: bool | None = sampling_field()
     top_logprobs: int | None = sampling_field()
 
+    stream_grace: float | None = None
+    """How long a streamed answer goes on for its client to resume it after a drop
+    (seconds; None: ``STREAM_DETACH_GRACE``; 0: stopped at once)."""
     store: bool = True
     """False (a new conversation only): nothing of the exchange is kept but its usage row."""
     cache: bool = True

@@ -52,7 +52,7 @@ def conversations_purge(
     (unless nothing went and ``audit_empty`` is off: the hourly job would flood it)."""
     purged = Purged()
     old = Message.objects.filter(team=team, created_at__lt=older_than).exclude(
-        status=Message.Status.STREAMING
+        status__in=Message.RUNNING
     )
     while ids := list(old.values_list("pk", flat=True)[:PURGE_BATCH]):
         with transaction.atomic():
@@ -63,7 +63,7 @@ def conversations_purge(
             buffers=event_buffers_delete(message_ids=ids),
         )
     idle = Conversation.objects.filter(team=team, updated_at__lt=older_than).exclude(
-        messages__status=Message.Status.STREAMING
+        messages__status__in=Message.RUNNING
     )
     while ids := list(idle.values_list("pk", flat=True)[:PURGE_BATCH]):
         with transaction.atomic():

@@ -37,6 +37,7 @@ from apps.chat.response_cache import (
 )
 from apps.chat.services.answer_usage import Generation, usage_observe, usage_of
 from apps.chat.services.cancel_watch import cancel_watch
+from apps.chat.services.detach import AnswerHold
 from apps.chat.services.journal import Journal
 from apps.chat.services.prefetch import Prefetched
 from apps.chat.services.prepare import PreparedAnswer
@@ -171,6 +172,10 @@ class AnswerRun:
         self._cancelled: asyncio.Event | None = None
         self.interrupt = Interrupt()
         """Ends a wait for the tier at once when this answer is to stop (cancel, delete)."""
+        self.hold: AnswerHold | None = None
+        """Its readers and grace clock, when it runs on its own (:mod:`.detach`)."""
+        self.expired = False
+        """Detached, and nobody came back within its grace period: it stops."""
         events: AsyncIterator[Event]
         if failover is not None:
             events = failover.stream(switch=self._switch, interrupt=self.interrupt)
@@ -280,7 +285,11 @@ class AnswerRun:
                 await asyncio.wait({self.rows})
             await self.journal.flush()
             usage_observe(usage, self.status, self.error)
+            count = served.tokenizer.load().count
+            unread = await self.hold.unread_tokens(count) if self.hold is not None else 0
+            metrics.DETACHED_UNREAD_TOKENS.labels(served.alias).inc(unread)
             ending = Ending(
+                detached_unread_tokens=unread,
                 status=self.status,
                 usage=usage,
                 text="".join(generation.text),
@@ -388,8 +397,14 @@ class AnswerRun:
     @property
     def cancel_requested(self) -> bool:
         """Whether ``POST …/cancel`` or a delete of the conversation asked (in any
-        process) to stop this answer."""
-        return self.gone or (self._cancelled is not None and self._cancelled.is_set())
+        process) to stop this answer, or its grace period ran out with nobody reading."""
+        cancelled = self._cancelled is not None and self._cancelled.is_set()
+        return self.gone or self.expired or cancelled
+
+    def detach_expired(self) -> None:
+        """Nobody resumed this detached answer in time: it stops now, as a cancel."""
+        self.expired = True
+        self.interrupt()
 
 
 _background: set[asyncio.Task[None]] = set()

@@ -66,6 +66,8 @@ class Ending:
     upstream: str
     """The upstream that served ("" for an answer replayed from the response cache)."""
     error: ApplicationError | None = None
+    detached_unread_tokens: int = 0
+    """Tokens made while its client was gone and never read (:mod:`.detach`)."""
 
 
 class ConversationGone(Exception):
@@ -148,6 +150,7 @@ def settlement_write(
         status=LEDGER_STATUS[ending.status],
         error_code=error.code if error else "",
         object_id=str(message_id),
+        detached_unread_tokens=ending.detached_unread_tokens,
     )
     if not stored:
         return False  # the ledger row only: tokens and cost, no content

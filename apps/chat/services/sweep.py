@@ -36,8 +36,9 @@ def abandoned_error() -> dict[str, object]:
 
 
 def messages_close_abandoned(*, now: datetime | None = None) -> int:
-    """Close every answer still ``streaming`` past the longest possible answer."""
+    """Close every answer still running past the longest possible answer."""
     cutoff = (now or timezone.now()) - timedelta(seconds=answer_longest_seconds())
-    return Message.objects.filter(status=Message.Status.STREAMING, created_at__lt=cutoff).update(
+    running = Message.objects.filter(status__in=Message.RUNNING, created_at__lt=cutoff)
+    return running.update(
         status=Message.Status.FAILED, finish_reason="error", error=abandoned_error()
     )

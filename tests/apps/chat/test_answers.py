@@ -282,7 +282,8 @@ def test_client_disconnect_cancels_upstream_and_bills_the_partial_answer(
     upstream.script.tokens = [f" w{i}" for i in range(200)]
     upstream.script.delay = 0.05
     conversation = conversation_for(http)
-    with answer_frames(http, conversation, content="Hi", top_k=0, stream=True) as frames:
+    ask = {"content": "Hi", "top_k": 0, "stream": True, "stream_grace": 0}  # no detach
+    with answer_frames(http, conversation, **ask) as frames:
         for frame in frames:
             if frame.get("event") == "delta":
                 break  # leave after the first token: the client goes away

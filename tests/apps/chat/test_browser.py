@@ -26,7 +26,9 @@ from apps.chat.models import Conversation, Message
 from apps.knowledge.models import Document
 from apps.usage.models import Limit
 from tests import factories
+from tests.apps.chat.test_detach import wait_settled
 from tests.fake_upstream import FakeUpstream
+from tests.fault_proxy import FaultProxy
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -173,6 +175,57 @@ def test_stop_button_cancels_the_answer(
         page.wait_for_timeout(50)
     assert message is not None and message.status == "cancelled"
     assert 1 <= message.completion_tokens < 400
+
+
+LONG = [f" w{i}" for i in range(60)]
+
+
+def test_a_dropped_connection_resumes_without_losing_or_repeating_text(
+    page: Any,
+    asgi_server: str,
+    upstream: FakeUpstream,
+    team: Team,
+    django_user_model: Any,
+    request: pytest.FixtureRequest,
+) -> None:
+    upstream.script.tokens, upstream.script.delay = list(LONG), 0.05
+    proxy = FaultProxy(target=asgi_server).start()  # the page's network
+    request.addfinalizer(proxy.stop)
+    sign_in(page, proxy.base_url, team, django_user_model)
+    resumes: list[str] = []
+    page.on(
+        "request", lambda request: resumes.append(request.url) if "/events" in request.url else None
+    )
+    page.get_by_label("Question").fill("Talk for a while")
+    page.get_by_role("button", name="Ask").click()
+    page.locator(".answer", has_text=re.compile(r"w1 w2 w3")).wait_for()
+    proxy.mode, proxy.times = "unavailable", 2  # a tunnel: the next two reconnects fail
+    proxy.cut()
+    page.wait_for_selector(".turn:last-child .usage:not(:empty)", timeout=30_000)
+    assert page.locator(".answer").inner_text() == "".join(LONG).strip()
+    message = wait_settled(Message.objects.get(role="assistant").pk)
+    assert message.status == "complete" and message.content == "".join(LONG)
+    assert upstream.disconnected_at == [] and len(upstream.requests) == 1  # asked once
+    assert len(resumes) >= 3  # the stream broke, two tries failed, the third picked it up
+    assert page.errors == []
+
+
+def test_a_refresh_mid_answer_shows_the_text_so_far_and_goes_on(
+    page: Any, asgi_server: str, upstream: FakeUpstream, team: Team, django_user_model: Any
+) -> None:
+    upstream.script.tokens, upstream.script.delay = list(LONG), 0.05
+    sign_in(page, asgi_server, team, django_user_model)
+    page.get_by_label("Question").fill("Talk for a while")
+    page.get_by_role("button", name="Ask").click()
+    page.locator(".answer", has_text=re.compile(r"w1 w2 w3")).wait_for()
+    page.reload()
+    page.locator(".answer", has_text=re.compile(r"w1 w2 w3")).wait_for()  # the text so far
+    page.wait_for_selector(".turn:last-child .usage:not(:empty)", timeout=30_000)
+    assert page.locator(".answer").inner_text() == "".join(LONG).strip()
+    assert page.locator(".question").all_inner_texts() == ["Talk for a while"]
+    assert wait_settled(Message.objects.get(role="assistant").pk).content == "".join(LONG)
+    assert len(upstream.requests) == 1
+    assert page.errors == []
 
 
 def test_no_script_from_a_document_or_the_model_ever_runs(

@@ -1,12 +1,19 @@
 // The chat page: conversations (list, reopen, new, delete), asking with a streamed answer
 // rendered as safe markdown, its sources and its usage. Everything goes through the REST
 // API with the session: /api/v1/conversations, …/messages (SSE), /api/v1/messages/…/cancel.
+// A stream that breaks (a network drop) is resumed from the last event read
+// (/api/v1/messages/…/events with Last-Event-ID), retrying with backoff as EventSource
+// does; an answer still running when its conversation is opened (a refresh, a return) is
+// replayed and followed live.
 "use strict";
 (() => {
   const {api, errorOf, el} = window.ragtier;
   const markdown = window.ragtierMarkdown;
   const $ = id => document.getElementById(id);
   const TITLE_CHARS = 60;
+  const RETRY_MS = [500, 1000, 2000, 4000, 8000];  // then every 8 s, while the answer may run
+  const RETRY_FOR_MS = 150_000;
+  const CONNECT_MS = 10_000;  // a reconnect that gets no answer in this time is tried again
   let conversationId = null, messageId = null, controller = null, turns = 0;
 
   const truncate = text => text.length > TITLE_CHARS ? `${text.slice(0, TITLE_CHARS - 1).trimEnd()}…` : text;
@@ -48,21 +55,39 @@
     }
     setCurrent(conversation.id);
     $("transcript").replaceChildren();
-    let turn = null;
+    let turn = null, running = null;
     for (const message of conversation.messages) {
       if (message.role === "user") {
         turn = newTurn(message.content);
       } else if (message.role === "assistant") {
         turn = turn || newTurn("");
-        showSources(turn, message.citations || []);
-        turn.text = message.content;
-        renderAnswer(turn);
-        if (message.usage) showUsage(turn, message.usage);
-        if (message.status === "cancelled") turn.usage.append(" · stopped");
+        if (message.status === "streaming" || message.status === "detached") {
+          running = {turn, id: message.id};  // replayed from its first event, then live
+        } else {
+          showSources(turn, message.citations || []);
+          turn.text = message.content;
+          renderAnswer(turn);
+          if (message.usage) showUsage(turn, message.usage);
+          if (message.status === "cancelled") turn.usage.append(" · stopped");
+        }
         turn = null;
       }
     }
     closeSidebar();
+    if (running) await followRunning(running.turn, running.id);
+  }
+
+  // An answer that is still being generated: its events from the first, then live.
+  async function followRunning(turn, id) {
+    controller = new AbortController();
+    messageId = id;
+    $("stop").disabled = false; $("send").disabled = true;
+    const stream = {lastId: 0};
+    try {
+      await resume(turn, stream);
+    } finally {
+      endAnswer(turn);
+    }
   }
 
   async function deleteConversation(id, title) {
@@ -134,6 +159,7 @@
 
   function handle(turn, event, data) {
     if (event === "message") messageId = data.message_id;
+    else if (event === "done") turn.done = true;
     else if (event === "retrieval") showSources(turn, data.citations);
     else if (event === "delta") { turn.text += data.text; scheduleRender(turn); }
     else if (event === "usage") showUsage(turn, data);
@@ -162,17 +188,64 @@
       if ($("mode")?.value) body.mode = $("mode").value;
       const response = await api("POST", `/api/v1/conversations/${conversationId}/messages`, body,
         {raw: true, signal: controller.signal, headers: {"Accept": "text/event-stream"}});
-      await readEvents(response, (event, data) => handle(turn, event, data));
+      const stream = {lastId: 0};
+      try {
+        await readEvents(response, stream, (event, data) => handle(turn, event, data));
+      } catch (err) {
+        if (err.name === "AbortError") throw err;  // Stop
+      }
+      // The connection broke before `done` (a network drop): the answer goes on at the
+      // server for a while; pick it up where it broke.
+      if (!turn.done && messageId !== null) await resume(turn, stream);
     } catch (err) {
       if (err.name !== "AbortError") showError(turn, err.error || {message: String(err)});
     } finally {
-      renderAnswer(turn);
-      $("stop").disabled = true; $("send").disabled = false;
-      controller = null; messageId = null;
+      endAnswer(turn);
     }
   }
 
-  async function readEvents(response, onEvent) {
+  function endAnswer(turn) {
+    renderAnswer(turn);
+    $("stop").disabled = true; $("send").disabled = false;
+    controller = null; messageId = null;
+  }
+
+  // Follow the answer's events after the last one read, reconnecting with backoff until
+  // `done` (or Stop, or RETRY_FOR_MS without getting anywhere).
+  async function resume(turn, stream) {
+    const id = messageId, started = Date.now();
+    for (let attempt = 0; !turn.done; attempt++) {
+      const before = stream.lastId;
+      const tried = new AbortController(), stop = () => tried.abort();
+      controller.signal.addEventListener("abort", stop, {once: true});
+      const timer = setTimeout(() => tried.abort(new DOMException("no answer", "TimeoutError")), CONNECT_MS);
+      try {
+        const response = await api("GET", `/api/v1/messages/${id}/events`, undefined, {
+          raw: true, signal: tried.signal,
+          headers: {"Accept": "text/event-stream", "Last-Event-ID": String(stream.lastId)},
+        });
+        clearTimeout(timer);
+        await readEvents(response, stream, (event, data) => handle(turn, event, data));
+      } catch (err) {
+        if (err.name === "AbortError") throw err;
+        if (err.status && err.status < 500 && err.status !== 429) throw err;  // gone, or not ours
+      } finally {
+        clearTimeout(timer);
+        controller.signal.removeEventListener("abort", stop);
+      }
+      if (turn.done) return;
+      if (stream.lastId > before) attempt = 0;  // it got somewhere: start the backoff over
+      if (Date.now() - started > RETRY_FOR_MS) throw new Error("The connection was lost; reopen the conversation to see the answer.");
+      await sleep(RETRY_MS[Math.min(attempt, RETRY_MS.length - 1)], controller.signal);
+    }
+  }
+
+  const sleep = (ms, signal) => new Promise((resolve, reject) => {
+    const timer = setTimeout(resolve, ms);
+    signal.addEventListener("abort", () => { clearTimeout(timer); reject(new DOMException("Stop", "AbortError")); }, {once: true});
+  });
+
+  async function readEvents(response, stream, onEvent) {
     const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
     let buffer = "";
     for (;;) {
@@ -183,12 +256,16 @@
       while ((cut = buffer.indexOf("\n\n")) >= 0) {
         const frame = buffer.slice(0, cut);
         buffer = buffer.slice(cut + 2);
-        let event = "message", data = "";
+        let event = "message", data = "", id = null;
         for (const line of frame.split("\n")) {
           if (line.startsWith("event:")) event = line.slice(6).trim();
           else if (line.startsWith("data:")) data += line.slice(5).trimStart();
+          else if (line.startsWith("id:")) id = Number(line.slice(3).trim());
         }
-        if (data) onEvent(event, JSON.parse(data));
+        if (!data) continue;
+        if (id !== null && id <= stream.lastId) continue;  // read before the drop
+        if (id !== null) stream.lastId = id;
+        onEvent(event, JSON.parse(data));
       }
     }
   }
