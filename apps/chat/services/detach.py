@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING
 
@@ -50,6 +51,8 @@ logger = logging.getLogger(__name__)
 READING_KEY_PREFIX = "ragtier:reading:"
 READING_TTL_SECONDS = 6.0
 """How long a resume in another process is taken to read after its last refresh."""
+QUEUE_EVENTS = 1024
+"""Events queued for a connection that reads slowly before the answer waits for it."""
 
 
 def detach_grace(requested: float | None) -> float:
@@ -58,18 +61,42 @@ def detach_grace(requested: float | None) -> float:
     return max(0.0, min(grace, float(settings.STREAM_DETACH_GRACE_MAX)))
 
 
+class Reading:
+    """One reader of an answer: the events after ``after`` it has been handed, up to
+    ``reached`` (contiguous: a reader gets every event in order)."""
+
+    __slots__ = ("after", "open", "reached")
+
+    def __init__(self, after: int) -> None:
+        self.after = self.reached = after
+        self.open = True
+
+    def read(self, seq: int) -> None:
+        self.reached = seq
+
+    def span(self) -> tuple[int, float]:
+        """The ids it has read, or will: an open reader follows the answer to its end."""
+        return (self.after, math.inf if self.open else self.reached)
+
+
 class AnswerHold:
     """One answer's readers and grace clock, while it runs in its own task."""
 
     def __init__(self, run: AnswerRun, grace: float) -> None:
         self.run, self.grace = run, grace
-        self.readers = 1  # the connection that asked
+        self.client = Reading(0)  # the connection that asked
+        self.readings = [self.client]
+        self.readers = 1
         self.queue: asyncio.Queue[AnswerEvent | None] | None = asyncio.Queue()
+        self.room = asyncio.Event()
+        """Set while the connection's queue has room (it is read, or it is gone)."""
+        self.room.set()
         self.timer: asyncio.TimerHandle | None = None
         self.unread: list[tuple[int, str]] = []
-        """(event id, text) of what was made while nobody read, not read since."""
+        """(event id, text) of what was made while nobody read, in id order."""
         self.over = False
         self.task: asyncio.Task[None] | None = None
+        self.status = StatusWriter(run.message_id)
         run.hold = self
 
     def start(self, events: AsyncIterator[AnswerEvent]) -> None:
@@ -83,6 +110,11 @@ class AnswerHold:
                     self.unread.append((event.id, text))
                 if self.queue is not None:
                     self.queue.put_nowait(event)
+                    if self.queue.qsize() >= QUEUE_EVENTS:  # a slow reader: wait for it
+                        self.room.clear()
+                        await self.room.wait()
+        except Exception:  # the answer settled itself; what failed is after it (a claim)
+            logger.exception("message %s: detached answer's task failed", self.run.message_id)
         finally:
             self.over = True
             self._stop_clock()
@@ -93,32 +125,42 @@ class AnswerHold:
             if closer is not None:
                 await asyncio.shield(closer())
 
-    def read(self, seq: int) -> None:
-        """A reader has been handed the events up to ``seq``."""
-        if self.unread and self.unread[0][0] <= seq:
-            self.unread = [(i, text) for i, text in self.unread if i > seq]
+    async def take(self) -> AnswerEvent | None:
+        """The connection's next event (None: the end)."""
+        assert self.queue is not None  # noqa: S101 - until the connection leaves
+        event = await self.queue.get()
+        if self.queue.qsize() < QUEUE_EVENTS // 2:
+            self.room.set()
+        return event
 
     def client_left(self) -> None:
         """The connection that asked is gone: nothing more is queued for it."""
         self.queue = None
-        self.leave()
+        self.room.set()
+        self.leave(self.client)
 
-    def attach(self) -> None:
-        """A resume reads the answer: the grace clock stops, what is pending is stored."""
+    def attach(self, after: int) -> Reading:
+        """A resume reads the answer after event ``after``: the grace clock stops, what is
+        pending is stored for it at once."""
+        reading = Reading(after)
+        self.readings.append(reading)
         self.readers += 1
-        if self.timer is not None:
+        if self.readers == 1:
             self._stop_clock()
-            _status_write(self.run.message_id, Message.Status.STREAMING)
+            self.status.set(Message.Status.STREAMING)
         _in_background(self.run.journal.flush())
+        return reading
 
-    def leave(self) -> None:
+    def leave(self, reading: Reading) -> None:
+        reading.open = False
         self.readers -= 1
-        if self.readers == 0 and not self.over and self.grace > 0:
-            loop = asyncio.get_running_loop()
-            self.timer = loop.call_later(self.grace, self._expire)
+        if self.readers > 0 or self.over:
+            return
+        self.status.set(Message.Status.DETACHED)
+        if self.grace > 0:
+            self.timer = asyncio.get_running_loop().call_later(self.grace, self._expire)
             metrics.DETACHED.inc()
-            _status_write(self.run.message_id, Message.Status.DETACHED)
-        elif self.readers == 0 and not self.over:
+        else:
             self._expire()
 
     def _stop_clock(self) -> None:
@@ -142,8 +184,8 @@ class AnswerHold:
         except Exception as exc:  # Redis out of reach: nobody is known to read
             logger.warning("message %s: cannot look for readers: %r", self.run.message_id, exc)
             elsewhere = False
-        if self.over or self.readers > 0:
-            return
+        if self.over or self.readers > 0 or self.timer is not None:
+            return  # it ended, or a resume came (and maybe went, arming a clock of its own)
         if elsewhere:  # look again when that reader's mark would lapse
             self.timer = asyncio.get_running_loop().call_later(READING_TTL_SECONDS, self._expire)
             metrics.DETACHED.inc()
@@ -151,15 +193,49 @@ class AnswerHold:
             self.run.detach_expired()
 
     async def unread_tokens(self, count: Callable[[str], int]) -> int:
-        """The tokens made while nobody read, not read by the time the answer settles;
-        none while a reader follows it, here or in another process (it reads to the end)."""
-        if self.readers > 0 or not self.unread:
+        """The tokens made while nobody read that no reader was handed, and none that
+        follows the answer now will be (here; a resume in another process, known only
+        by its mark, is taken to read it all)."""
+        spans = sorted(reading.span() for reading in self.readings)
+        texts = [text for seq, text in self.unread if not _within(seq, spans)]
+        if not texts:
             return 0
         if settings.STREAM_BUFFER_REDIS_URL:
             with contextlib.suppress(Exception):  # unknown: counted as unread
                 if await read_elsewhere(self.run.message_id):
                     return 0
-        return count("".join(text for _, text in self.unread))
+        return count("".join(texts))
+
+
+def _within(seq: int, spans: list[tuple[int, float]]) -> bool:
+    return any(after < seq <= end for after, end in spans)
+
+
+class StatusWriter:
+    """``streaming`` or ``detached`` on the row of an answer still running, written one at a
+    time in order (the last asked wins), never over the status its settlement wrote."""
+
+    def __init__(self, message_id: int) -> None:
+        self.message_id = message_id
+        self.wanted: str | None = None
+        self.written: str | None = None
+        self.task: asyncio.Task[None] | None = None
+
+    def set(self, status: str) -> None:
+        self.wanted = status
+        if self.task is None or self.task.done():
+            self.task = asyncio.get_running_loop().create_task(self._write())
+            _background.add(self.task)
+            self.task.add_done_callback(_background.discard)
+
+    async def _write(self) -> None:
+        while self.wanted is not None and self.wanted != self.written:
+            status = self.wanted
+            try:
+                await db_call(_status_write)(self.message_id, status)
+            except Exception as exc:  # a hint for pollers: never fails the answer
+                logger.warning("message %s: status not written: %r", self.message_id, exc)
+            self.written = status
 
 
 def _text(event: AnswerEvent) -> str:
@@ -183,41 +259,35 @@ async def answer_outliving_client(
     """``events``, run in a task of their own from the first read: when the reader (the
     connection) stops before they end, the answer detaches (see the module)."""
     hold = AnswerHold(run, grace)
-    queue = hold.queue
-    assert queue is not None  # noqa: S101 - made with the hold
     hold.start(events)
     try:
-        while (event := await queue.get()) is not None:
+        while (event := await hold.take()) is not None:
             yield event
-            hold.read(event.id)
+            hold.client.read(event.id)
     finally:
         if not hold.over:
             hold.client_left()
 
 
 @contextlib.asynccontextmanager
-async def answer_attached(message_id: int) -> AsyncIterator[Callable[[int], None]]:
-    """A resume of ``message_id``, while the block runs: the answer's grace clock is
-    stopped if it runs in this process, and, with Redis, marked read for a process that
-    runs it elsewhere; the callable says what was read."""
+async def answer_attached(message_id: int, after: int) -> AsyncIterator[Reading]:
+    """A resume of ``message_id`` after event ``after``, while the block runs: the answer's
+    grace clock is stopped if it runs in this process, and, with Redis, marked read for a
+    process that runs it elsewhere; the reader says what it was handed."""
     marking = _reading_marked(message_id) if settings.STREAM_BUFFER_REDIS_URL else None
     hold = answer_holds().get(message_id)
     try:
         if hold is None or hold.over:
-            yield _nothing
+            yield Reading(after)
             return
-        hold.attach()
+        reading = hold.attach(after)
         try:
-            yield hold.read
+            yield reading
         finally:
-            hold.leave()
+            hold.leave(reading)
     finally:
         if marking is not None:
             marking.cancel()
-
-
-def _nothing(seq: int) -> None:
-    pass
 
 
 def _reading_key(message_id: int) -> str:
@@ -247,14 +317,7 @@ def _reading_marked(message_id: int) -> asyncio.Task[None]:
 
 
 def _status_write(message_id: int, status: str) -> None:
-    """``streaming`` or ``detached`` on the row of an answer still running: never over the
-    status its settlement wrote."""
-
-    def write() -> None:
-        running = (Message.Status.STREAMING, Message.Status.DETACHED)
-        Message.objects.filter(pk=message_id, status__in=running).update(status=status)
-
-    _in_background(db_call(write)())
+    Message.objects.filter(pk=message_id, status__in=Message.RUNNING).update(status=status)
 
 
 _background: set[asyncio.Task[None]] = set()

@@ -53,20 +53,26 @@ class Journal:
         return [(e.id, e.name, e.data()) for e in pending]
 
     async def flush(self) -> None:
-        """Write what is pending, now, after any group write holding earlier events (a
-        Redis list keeps the order of writes). The journal serves replay only: a store
-        that fails (Redis or the database busy or down) never fails the answer itself; the
-        events stay pending and the next flush tries again."""
-        if self.writing is not None:
+        """Write what is pending, now, after any write holding earlier events (a Redis
+        list keeps the order of writes, and a reader skips what is numbered below what it
+        holds: two writes of one journal at once could land out of order). The journal
+        serves replay only: a store that fails (Redis or the database busy or down) never
+        fails the answer itself; the events stay pending and the next flush tries again."""
+        while self.writing is not None:  # one write of a journal at a time: in order
             await asyncio.shield(self.writing)
         if not (self.pending and self.message_id):
             return
         pending = self.pending
+        written: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.writing = written  # the group writer leaves this journal alone meanwhile
         try:
             await self.store.append(self.message_id, self.take())
         except (RedisError, DatabaseError, TimeoutError) as exc:
             logger.warning("message %s: events not journalled yet: %r", self.message_id, exc)
             self.pending = pending + self.pending
+        finally:
+            self.writing = None
+            written.set_result(None)
 
     async def close(self) -> None:
         await self.flush()

@@ -229,10 +229,10 @@ async def replay_follow(
     ends (done, an error, the client gone). An answer detached from its client in this
     process is resumed: it goes on while this reads it (:mod:`.detach`)."""
     try:
-        async with answer_attached(message_id) as read:
+        async with answer_attached(message_id, after) as reading:
             async for event in message_events_follow(message_id=message_id, after=after):
                 yield event
-                read(event[0])
+                reading.read(event[0])
     finally:
         await slot.arelease()
 

@@ -211,9 +211,10 @@
   }
 
   // Follow the answer's events after the last one read, reconnecting with backoff until
-  // `done` (or Stop, or RETRY_FOR_MS without getting anywhere).
+  // `done` (or Stop, or RETRY_FOR_MS since the last event without getting anywhere).
   async function resume(turn, stream) {
-    const id = messageId, started = Date.now();
+    const id = messageId;
+    let since = Date.now();  // the last progress
     for (let attempt = 0; !turn.done; attempt++) {
       const before = stream.lastId;
       const tried = new AbortController(), stop = () => tried.abort();
@@ -234,8 +235,8 @@
         controller.signal.removeEventListener("abort", stop);
       }
       if (turn.done) return;
-      if (stream.lastId > before) attempt = 0;  // it got somewhere: start the backoff over
-      if (Date.now() - started > RETRY_FOR_MS) throw new Error("The connection was lost; reopen the conversation to see the answer.");
+      if (stream.lastId > before) { attempt = 0; since = Date.now(); }  // it got somewhere: start over
+      if (Date.now() - since > RETRY_FOR_MS) throw new Error("The connection was lost; reopen the conversation to see the answer.");
       await sleep(RETRY_MS[Math.min(attempt, RETRY_MS.length - 1)], controller.signal);
     }
   }
