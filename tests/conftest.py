@@ -356,3 +356,12 @@ def asgi_workers(upstream: Any, tmp_path: Path) -> Iterator[Callable[..., list[s
         for log in logs:
             if log.exists() and log.read_text().strip():
                 print(f"--- {log.name}\n{log.read_text()}")
+
+
+@pytest.fixture(autouse=True)
+def _usage_tags() -> None:
+    """The tags this process knows a team has: keyed by team id, which the next test may
+    reuse."""
+    from apps.usage.tags import _known
+
+    _known.clear()

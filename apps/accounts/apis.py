@@ -14,6 +14,7 @@ from apps.accounts import selectors, services
 from apps.accounts.models import ApiKey, Scope
 from apps.accounts.permissions import get_caller
 from apps.core.pagination import Pagination
+from apps.core.tags import TAG_HELP, TAG_MAX_LENGTH, TAG_PATTERN
 from apps.core.validation import validated
 
 
@@ -26,6 +27,7 @@ class ApiKeyOutput(serializers.ModelSerializer[ApiKey]):
         fields = [
             "prefix",
             "name",
+            "tag",
             "scopes",
             "user",
             "created_at",
@@ -60,6 +62,9 @@ class ApiKeyListCreateApi(APIView):
 
     class InputSerializer(serializers.Serializer[dict[str, Any]]):
         name = serializers.CharField(max_length=100, required=False, default="", allow_blank=True)
+        tag = serializers.RegexField(
+            TAG_PATTERN, max_length=TAG_MAX_LENGTH, required=False, default="", help_text=TAG_HELP
+        )
         scopes = serializers.ListField(
             child=serializers.ChoiceField(choices=Scope.values), max_length=len(Scope.values)
         )
@@ -116,6 +121,7 @@ class ApiKeyListCreateApi(APIView):
             name=data["name"],
             scopes=data["scopes"],
             expires_in_days=data["expires_in_days"],
+            tag=data["tag"],
         )
         output = IssuedKeyOutput(issued.api_key, context={"secret": issued.secret})
         return Response(output.data, status=status.HTTP_201_CREATED)

@@ -95,6 +95,11 @@ class ApiKey(models.Model):
         "revokes this one too",
     )
     name = models.CharField(max_length=100, blank=True)
+    tag = models.CharField(
+        max_length=32,
+        blank=True,
+        help_text="the purpose tag its usage carries when a request names none",
+    )
     prefix = models.CharField(max_length=16, unique=True, editable=False)
     secret_hash = models.CharField(max_length=64, editable=False)
     scopes = models.JSONField(default=list)

@@ -39,6 +39,9 @@ class Caller:
     user: User | None
     api_key: ApiKey | None
     scopes: frozenset[str]
+    tag: str = ""
+    """The purpose tag its usage carries (:mod:`apps.core.tags`): its key's default, or
+    the one its request names (``apps.usage.tags.caller_tagged``)."""
 
     def can(self, scope: str) -> bool:
         return scope in self.scopes
@@ -172,7 +175,8 @@ def api_key_cache() -> ApiKeyCache:
 def caller_for(*, user: User | AnonymousUser | None, api_key: ApiKey | None) -> Caller | None:
     """The caller of a request, or None when it carries no usable identity or team."""
     if api_key is not None:
-        return Caller(api_key.team, api_key.user, api_key, frozenset(api_key.scopes))
+        scopes = frozenset(api_key.scopes)
+        return Caller(api_key.team, api_key.user, api_key, scopes, tag=api_key.tag)
     if user is None or not user.is_authenticated:
         return None
     membership = (

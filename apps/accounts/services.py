@@ -17,6 +17,7 @@ from apps.accounts.selectors import KeyManager, api_key_cache
 from apps.core.audit import SYSTEM, Actor, audit_record
 from apps.core.exceptions import InvalidRequest, PermissionDenied, Unauthenticated
 from apps.core.models import AuditEvent
+from apps.core.tags import tag_check
 
 KEY_NAMESPACE = "rt"
 PREFIX_BYTES = 6
@@ -96,9 +97,13 @@ def api_key_create(
     expires_at: datetime | None = None,
     actor: Actor = SYSTEM,
     parent: ApiKey | None = None,
+    tag: str = "",
 ) -> IssuedKey:
     """A new key, with ``DEFAULT_KEY_SCOPES`` when ``scopes`` is None; ``parent`` is the
-    key that issues it, if any (revoked with it)."""
+    key that issues it, if any (revoked with it); ``tag``, the purpose tag of its usage
+    when a request names none."""
+    if tag:
+        tag_check(tag)
     scopes = sorted(set(scopes if scopes is not None else DEFAULT_KEY_SCOPES))
     if not scopes:  # a key of no scope is refused, never read as every scope
         raise InvalidRequest("Choose at least one scope.", code="missing_field", param="scopes")
@@ -121,6 +126,7 @@ def api_key_create(
         scopes=scopes,
         expires_at=expires_at,
         parent=parent,
+        tag=tag,
     )
     detail: dict[str, object] = {
         "scopes": scopes,
@@ -155,7 +161,12 @@ def key_expiry(*, days: int | None, cap: datetime | None, now: datetime) -> date
 
 
 def api_key_issue(
-    *, manager: KeyManager, name: str, scopes: list[str], expires_in_days: int | None = None
+    *,
+    manager: KeyManager,
+    name: str,
+    scopes: list[str],
+    expires_in_days: int | None = None,
+    tag: str = "",
 ) -> IssuedKey:
     """A key for the manager's team and user, carrying only scopes it may grant (its role's,
     and, when it acts with a key, never one that key lacks), and, when it acts with a key
@@ -192,6 +203,7 @@ def api_key_issue(
             expires_at=expires_at,
             actor=caller.actor,
             parent=own_key,
+            tag=tag,
         )
 
 

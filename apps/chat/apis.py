@@ -53,8 +53,10 @@ from apps.core.schema import (
     event_stream,
     idempotency_key_parameter,
 )
+from apps.core.tags import TAG_HELP, TAG_MAX_LENGTH, TAG_PATTERN
 from apps.core.validation import MAX_ID, message_length_check, validated
 from apps.knowledge.apis import SearchFiltersInput, search_mode_field
+from apps.usage.tags import caller_tagged
 
 
 class ConversationListCreateApi(APIView):
@@ -151,6 +153,9 @@ class ConversationMessageCreateApi(AsyncApiView):
         reasoning = serializers.BooleanField(required=False, default=False)
         mode = search_mode_field()
         filters = SearchFiltersInput(required=False)
+        tag = serializers.RegexField(
+            TAG_PATTERN, max_length=TAG_MAX_LENGTH, required=False, help_text=TAG_HELP
+        )
         stream_grace = serializers.FloatField(
             required=False,
             allow_null=True,
@@ -221,8 +226,8 @@ class ConversationMessageCreateApi(AsyncApiView):
         queue at the tier) fails before the first byte; later failures arrive in-band as
         an ``error`` event, then ``done``.
         """
-        caller = get_caller(request)
         data = validated(self.InputSerializer, request)
+        caller = await caller_tagged(get_caller(request), data.get("tag"))
         stream = data["stream"] or "text/event-stream" in request.headers.get("Accept", "")
         claim = await idempotency_request_aclaim(request=request, team=caller.team, body=data)
         if claim is not None and claim.status == IdempotencyKey.Status.COMPLETE:

@@ -54,6 +54,7 @@ from apps.core.schema import (
 )
 from apps.core.validation import validated
 from apps.knowledge.services import DEFAULT_SEARCH_MODE, embedding_model_name
+from apps.usage.tags import caller_tagged
 
 
 class ChatCompletionsApi(AsyncApiView):
@@ -177,7 +178,8 @@ class ChatCompletionsApi(AsyncApiView):
         ``Idempotent-Replayed: true``; the exchange is then stored (``store: true``), since
         a replay needs it."""
         data = validated(self.InputSerializer, request)
-        caller = get_caller(request)
+        tag = (data.get("metadata") or {}).get("tag")
+        caller = await caller_tagged(get_caller(request), tag, param="metadata.tag")
         include_usage = (data.get("stream_options") or {}).get("include_usage", False)
         wire = OpenAIWire(include_usage=include_usage)
         claim = await completion_claim(request, caller=caller, data=data)

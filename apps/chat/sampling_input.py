@@ -17,6 +17,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from apps.core.exceptions import InvalidRequest
+from apps.core.tags import TAG_HELP, TAG_PATTERN
 
 MAX_STOP = 4
 MAX_LOGIT_BIAS = 300
@@ -99,8 +100,8 @@ class SamplingInput(serializers.Serializer[dict[str, Any]]):
         child=serializers.CharField(max_length=512, allow_blank=True),
         required=False,
         allow_null=True,
-        help_text="up to 16 string pairs (keys up to 64 characters); accepted and not used "
-        "for generation",
+        help_text="up to 16 string pairs (keys up to 64 characters); not used for generation; "
+        "`tag`: the purpose tag of the usage (a-z, 0-9, '.', '_', '-', at most 32)",
     )
     n = serializers.IntegerField(
         required=False,
@@ -136,6 +137,8 @@ class SamplingInput(serializers.Serializer[dict[str, Any]]):
                 raise serializers.ValidationError(f"at most {MAX_METADATA} pairs.")
             if any(len(key) > 64 for key in value):
                 raise serializers.ValidationError("keys are at most 64 characters.")
+            if "tag" in value and not TAG_PATTERN.fullmatch(value["tag"]):
+                raise serializers.ValidationError(f"tag: {TAG_HELP}.")
         return value
 
     def validate_n(self, value: int | None) -> int | None:

@@ -58,6 +58,9 @@ class Document(models.Model):
         settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True
     )
     api_key = models.ForeignKey(ApiKey, on_delete=models.SET_NULL, null=True, blank=True)
+    tag = models.CharField(
+        max_length=32, blank=True, help_text="the purpose tag its ingestion is charged under"
+    )
     title = models.CharField(max_length=300)
     filename = models.CharField(max_length=300, blank=True)
     media_type = models.CharField(max_length=100)

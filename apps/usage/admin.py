@@ -80,7 +80,7 @@ class UsageRecordAdmin(admin.ModelAdmin[UsageRecord]):
         "completion_tokens",
         "status",
     ]
-    list_filter = ["kind", "status", "team", "model", "requested_model", "upstream"]
+    list_filter = ["kind", "status", "team", "tag", "model", "requested_model", "upstream"]
     date_hierarchy = "created_at"
 
     def has_add_permission(self, request: HttpRequest) -> bool:

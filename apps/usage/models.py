@@ -41,6 +41,9 @@ class UsageRecord(models.Model):
         max_length=500, blank=True, help_text="the inference server that served (internal)"
     )
     operation = models.CharField(max_length=32, help_text="what spent the tokens: query, ingest…")
+    tag = models.CharField(
+        max_length=32, blank=True, help_text="the purpose tag the request named, or its key's"
+    )
     object_id = models.CharField(max_length=64, blank=True, help_text="document, message…")
     prompt_tokens = models.PositiveBigIntegerField(default=0)
     cached_tokens = models.PositiveBigIntegerField(default=0)
@@ -68,7 +71,10 @@ class UsageRecord(models.Model):
 
     class Meta:
         ordering = ["-created_at"]
-        indexes = [models.Index(fields=["team", "kind", "created_at"])]
+        indexes = [
+            models.Index(fields=["team", "kind", "created_at"]),
+            models.Index(fields=["team", "tag", "created_at"]),
+        ]
 
     def __str__(self) -> str:
         return f"{self.kind} {self.total_tokens} tokens for {self.team_id}"
@@ -76,6 +82,23 @@ class UsageRecord(models.Model):
     @property
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
+
+
+class UsageTag(models.Model):
+    """A purpose tag a team has used: at most ``USAGE_TAGS_MAX_PER_TEAM`` of them
+    (:mod:`apps.usage.tags`)."""
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="usage_tags")
+    name = models.CharField(max_length=32)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["team", "name"], name="usage_tag_unique_per_team")
+        ]
+
+    def __str__(self) -> str:
+        return self.name
 
 
 class Limit(models.Model):

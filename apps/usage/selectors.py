@@ -31,6 +31,7 @@ GROUPS = {
     "model": "model",
     "key": "api_key__prefix",
     "kind": "kind",
+    "tag": "tag",
 }
 TOKEN_FIELDS = ("prompt_tokens", "cached_tokens", "completion_tokens", "reasoning_tokens")
 

@@ -60,8 +60,10 @@ def usage_record_embedding(
     api_key: ApiKey | None = None,
     user: User | None = None,
     status: str = UsageRecord.Status.OK,
+    tag: str = "",
 ) -> UsageRecord:
-    """Charge embedding tokens (ingestion or query) to ``team``: they are input tokens."""
+    """Charge embedding tokens (ingestion or query) to ``team``: they are input tokens;
+    ``tag``, what they were for (:mod:`apps.core.tags`)."""
     metrics.TOKENS.labels("embedding", model, "input").inc(tokens)
     return UsageRecord.objects.create(
         team=team,
@@ -70,6 +72,7 @@ def usage_record_embedding(
         kind=UsageRecord.Kind.EMBEDDING,
         model=model,
         operation=operation,
+        tag=tag,
         object_id=object_id,
         prompt_tokens=tokens,
         cost_usd=cost_of(model=model, prompt=tokens, cached=0, completion=0),
@@ -93,6 +96,7 @@ def usage_record_chat(
     price: Price | None = None,
     energy: float | None = None,
     detached_unread_tokens: int = 0,
+    tag: str = "",
 ) -> UsageRecord:
     """One row per generation, whatever its outcome: tokens generated before an error or a
     cancel are billed like any others (``detached_unread_tokens`` of them made while the
@@ -110,6 +114,7 @@ def usage_record_chat(
         upstream=upstream,
         operation="answer",
         object_id=object_id,
+        tag=tag,
         **usage.columns(),
         cost_usd=cost_of(
             model=model,

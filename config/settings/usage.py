@@ -29,6 +29,9 @@ LIMITS_CACHE_SECONDS = env.float("LIMITS_CACHE_SECONDS", default=5.0)
 
 # Token buckets and stream slots: Redis when configured (one Lua script per reservation),
 # else the database. Period quotas are always in the database.
+# Distinct purpose tags a team may use (`tag` on the native API, `metadata.tag` on /v1);
+# a new one past this is 400 too_many_tags (apps/usage/tags.py).
+USAGE_TAGS_MAX_PER_TEAM = env.int("USAGE_TAGS_MAX_PER_TEAM", default=100)
 RATE_LIMIT_REDIS_URL = env.str("RATE_LIMIT_REDIS_URL", default=env.str("REDIS_URL", default=""))
 RATE_LIMIT_KEY_PREFIX = env.str("RATE_LIMIT_KEY_PREFIX", default="ragtier:limits:")
 RATE_LIMIT_REDIS_TIMEOUT = env.float("RATE_LIMIT_REDIS_TIMEOUT", default=0.5)

@@ -151,6 +151,7 @@ def settlement_write(
         error_code=error.code if error else "",
         object_id=str(message_id),
         detached_unread_tokens=ending.detached_unread_tokens,
+        tag=caller.tag,
     )
     if not stored:
         return False  # the ledger row only: tokens and cost, no content

@@ -157,6 +157,7 @@ def _document_accept(
         collection=collection,
         user=caller.user if caller is not None else None,
         api_key=caller.api_key if caller is not None else None,
+        tag=caller.tag if caller is not None else "",
         title=title[:300],
         filename=filename[:300],
         media_type=media_type,

@@ -174,4 +174,5 @@ def _charge(
             operation=OPERATION,
             api_key=caller.api_key,
             user=caller.user,
+            tag=caller.tag,
         )

@@ -182,6 +182,7 @@ def _dense_search(
             operation="query",
             api_key=caller.api_key,
             user=caller.user,
+            tag=caller.tag,
         )
     hits.sort(key=lambda hit: (-hit.score, hit.id))
     return hits[:k]

@@ -319,6 +319,7 @@ def _charge(document: Document, *, status: str) -> None:
         operation="ingest",
         object_id=str(document.pk),
         status=status,
+        tag=document.tag,
     )
     _settle(document)
 

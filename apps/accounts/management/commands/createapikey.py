@@ -24,6 +24,7 @@ class Command(BaseCommand):
             help="default: chat ingest read (keys, to manage keys, only when named)",
         )
         parser.add_argument("--name", default="")
+        parser.add_argument("--tag", default="", help="the purpose tag of its usage by default")
         parser.add_argument("--user", help="username the key acts for (optional)")
         parser.add_argument(
             "--expires-in-days",
@@ -50,6 +51,7 @@ class Command(BaseCommand):
                 user=user,
                 expires_at=expires_at,
                 actor=Actor.command("createapikey"),
+                tag=options["tag"],
             )
         except ApplicationError as exc:
             raise CommandError(exc.message) from exc

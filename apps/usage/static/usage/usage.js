@@ -38,14 +38,14 @@
     }
   }
 
-  async function showTotals() {
-    const target = document.getElementById("totals");
-    const query = new URLSearchParams({start: box.dataset.start, end: box.dataset.end, group_by: "kind"});
+  async function showTotals(target, groupBy) {
+    const query = new URLSearchParams({start: box.dataset.start, end: box.dataset.end, group_by: groupBy});
     try {
       const usage = await api("GET", `/api/v1/usage?${query}`);
       const list = el("dl", {class: "quota"});
       for (const row of usage.data) {
-        list.append(el("dt", {text: row.group}), el("dd", {text: `${number(row.total_tokens)} tokens`}));
+        const cost = groupBy === "tag" ? ` · $${row.cost_usd}` : "";
+        list.append(el("dt", {text: row.group || "(untagged)"}), el("dd", {text: `${number(row.total_tokens)} tokens${cost}`}));
       }
       list.append(el("dt", {text: "Total"}), el("dd", {text: `${number(usage.total.total_tokens)} tokens in ${number(usage.total.requests)} requests`}));
       list.append(el("dt", {text: "Cost"}), el("dd", {text: `$${usage.total.cost_usd}`}));
@@ -56,5 +56,6 @@
   }
 
   showQuota();
-  showTotals();
+  showTotals(document.getElementById("totals"), "kind");
+  showTotals(document.getElementById("totals-by-tag"), "tag");
 })();
