@@ -30,7 +30,14 @@ from rest_framework.views import APIView
 from apps.accounts.permissions import get_caller
 from apps.accounts.selectors import Caller
 from apps.chat import services
-from apps.chat.openai_inputs import TURNS, MessageInput, RagInput, StreamOptionsInput, chat_message
+from apps.chat.openai_inputs import (
+    TURNS,
+    MessageInput,
+    RagInput,
+    StreamOptionsInput,
+    chat_message,
+    openai_fields_refuse,
+)
 from apps.chat.openai_replay import completion_claim, completion_replay
 from apps.chat.openai_tools import ToolChoiceField, ToolListItemInput, tools_check, tools_of
 from apps.chat.sampling_input import SamplingInput, sampling_values
@@ -95,6 +102,7 @@ class ChatCompletionsApi(AsyncApiView):
             one limit: given both, they must agree. ``tool_choice`` needs ``tools``, and a
             function it names is one of them."""
             attrs = super().validate(attrs)
+            openai_fields_refuse(self.initial_data)
             messages = attrs["messages"]
             if messages[-1]["role"] not in ("user", "tool") or not any(
                 m["role"] == "user" for m in messages

@@ -173,3 +173,42 @@ def chat_message(message: dict[str, Any]) -> ChatMessage:
     if message["role"] == "tool":
         chat["tool_call_id"] = message["tool_call_id"]
     return chat
+
+
+NOT_SERVED: dict[str, str] = {
+    "audio": "audio output is not generated",
+    "prediction": "predicted outputs are not supported",
+    "web_search_options": "web search is not offered",
+    "functions": "the deprecated functions field is not supported: send tools",
+    "function_call": "the deprecated function_call field is not supported: send tool_choice",
+    "reasoning_effort": "the reasoning effort cannot be set on these models",
+    "verbosity": "the verbosity cannot be set on these models",
+}
+"""Fields of OpenAI's Chat Completions that change the output and that no tier here can
+honour: set (not null), each is a 400 ``unsupported_parameter`` naming it, never dropped.
+``modalities`` other than text and a ``service_tier`` other than ``auto`` or ``default``
+are refused the same way; fields that change no output (``prompt_cache_key``,
+``safety_identifier``, ``store``) are accepted."""
+DEFAULT_TIERS = frozenset({"auto", "default"})
+
+
+def openai_fields_refuse(raw: object) -> None:
+    """400 ``unsupported_parameter`` for the first field of the raw body that asks for
+    what no tier here serves (:data:`NOT_SERVED`)."""
+    if not isinstance(raw, dict):
+        return
+    for name, why in NOT_SERVED.items():
+        if raw.get(name) is not None:
+            raise InvalidRequest(f"{name}: {why}.", code="unsupported_parameter", param=name)
+    modalities = raw.get("modalities")
+    if modalities is not None and modalities != ["text"]:
+        raise InvalidRequest(
+            "modalities: only text is generated.", code="unsupported_parameter", param="modalities"
+        )
+    tier = raw.get("service_tier")
+    if tier is not None and tier not in DEFAULT_TIERS:
+        raise InvalidRequest(
+            "service_tier: this deployment has one tier (auto, default).",
+            code="unsupported_parameter",
+            param="service_tier",
+        )

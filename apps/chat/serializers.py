@@ -74,6 +74,21 @@ class UsageOutput(serializers.Serializer[Any]):
         help_text="answered by the response cache: the tier was not called and no "
         "generation token was charged (all token counts 0; ttft_ms is the replay's)"
     )
+    context_window = serializers.IntegerField(
+        required=False, allow_null=True, help_text="the served model's window (usage event)"
+    )
+    dropped_passages = serializers.IntegerField(
+        required=False, help_text="passages found that the window left out"
+    )
+    dropped_turns = serializers.IntegerField(
+        required=False, help_text="history messages the window left out"
+    )
+    summarized_turns = serializers.IntegerField(
+        required=False, help_text="history messages replaced by a summary"
+    )
+    tag = serializers.CharField(
+        required=False, allow_blank=True, help_text="the purpose tag it is charged under"
+    )
 
 
 class MessageOutput(serializers.ModelSerializer[Message]):

@@ -50,6 +50,12 @@ ADMISSION_UNAVAILABLE = Counter(
 )
 RESERVATIONS = Counter("ragtier_reservations", "Token reservations made, by kind.", ["kind"])
 SETTLEMENTS = Counter("ragtier_settlements", "Token reservations settled, by kind.", ["kind"])
+CONTEXT_FILL = Histogram(
+    "ragtier_context_fill",
+    "Prompt tokens over the served model's context window, per answer, by model.",
+    ["model"],
+    buckets=(0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 1.0),
+)
 DETACHED = Gauge(
     "ragtier_answers_detached",
     "Answers generating with nobody reading them, within their grace period.",

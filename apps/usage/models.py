@@ -60,6 +60,18 @@ class UsageRecord(models.Model):
     cache_hit = models.BooleanField(
         default=False, help_text="answered by the response cache: no generation charged"
     )
+    context_window = models.PositiveIntegerField(
+        null=True, blank=True, help_text="the served model's window (chat)"
+    )
+    dropped_passages = models.PositiveIntegerField(
+        default=0, help_text="passages found that the window left out"
+    )
+    dropped_turns = models.PositiveIntegerField(
+        default=0, help_text="history messages the window left out"
+    )
+    summarized_turns = models.PositiveIntegerField(
+        default=0, help_text="history messages replaced by a summary"
+    )
     detached_unread_tokens = models.PositiveIntegerField(
         default=0,
         help_text="of the completion tokens, those made while the client was gone (the "

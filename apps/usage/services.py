@@ -127,6 +127,10 @@ def usage_record_chat(
         status=status,
         error_code=error_code,
         detached_unread_tokens=detached_unread_tokens,
+        context_window=usage.context_window,
+        dropped_passages=usage.dropped_passages,
+        dropped_turns=usage.dropped_turns,
+        summarized_turns=usage.summarized_turns,
     )
 
 

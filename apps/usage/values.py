@@ -24,6 +24,16 @@ class Usage:
     model: str = ""
     source: UsageSource = "counted"
     cache_hit: bool = False
+    context_window: int | None = None
+    """The served model's window: ``prompt_tokens`` over it is how full the answer ran."""
+    dropped_passages: int = 0
+    """Passages the search found that the window left out (lowest-ranked first)."""
+    dropped_turns: int = 0
+    """History messages the window left out (oldest first)."""
+    summarized_turns: int = 0
+    """History messages replaced by a summary (none yet: history is only dropped)."""
+    tag: str = ""
+    """The purpose tag the usage is charged under."""
 
     @property
     def total_tokens(self) -> int:

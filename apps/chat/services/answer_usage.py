@@ -91,11 +91,17 @@ def usage_of(
         model=served.alias,
         source="upstream" if upstream is not None else "counted",
         cache_hit=cache_hit,
+        context_window=prepared.spec.context_window,
+        dropped_passages=prepared.dropped_passages,
+        dropped_turns=prepared.dropped_turns,
+        tag=prepared.caller.tag,
     )
 
 
 def usage_observe(usage: Usage, status: str, error: ApplicationError | None) -> None:
     model = usage.model
+    if usage.context_window and not usage.cache_hit:
+        metrics.CONTEXT_FILL.labels(model).observe(usage.prompt_tokens / usage.context_window)
     if usage.ttft_ms is not None and not usage.cache_hit:  # a replay's TTFT is the cache's
         metrics.TTFT.labels(model).observe(usage.ttft_ms / 1000)
     if usage.tokens_per_second is not None:

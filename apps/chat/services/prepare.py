@@ -84,6 +84,10 @@ class PreparedAnswer:
     """The alias the caller named (``auto`` stays ``auto``), for the ledger."""
     stream_grace: float | None = None
     """:attr:`AnswerRequest.stream_grace`."""
+    dropped_passages: int = 0
+    """Passages found that the window left out."""
+    dropped_turns: int = 0
+    """History messages the window left out."""
     opening: str = ""
     """The system prompt and the first question of the exchange: the head of the prompt,
     the same on every turn, so a client that keeps no conversation here still sticks to
@@ -182,6 +186,8 @@ def _ground(admitted: _Admitted) -> PreparedAnswer:
         cache_key=cache_key,
         requested=request.model.requested,
         stream_grace=request.stream_grace,
+        dropped_passages=len(results) - len(prompt.passages),
+        dropped_turns=len(history) - prompt.history_messages,
         opening=f"{assemble.system}\0{history[0]['content'] if history else request.content}",
     )
 

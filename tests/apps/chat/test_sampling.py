@@ -116,6 +116,39 @@ def test_max_completion_tokens_and_max_tokens_must_agree() -> None:
     assert error is not None and error.param == "max_completion_tokens"
 
 
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("audio", {"voice": "alloy", "format": "wav"}),
+        ("modalities", ["text", "audio"]),
+        ("prediction", {"type": "content", "content": "x"}),
+        ("web_search_options", {}),
+        ("functions", [{"name": "f", "parameters": {}}]),
+        ("function_call", "auto"),
+        ("reasoning_effort", "high"),
+        ("verbosity", "low"),
+        ("service_tier", "flex"),
+    ],
+)
+def test_openai_fields_no_tier_serves_are_refused_by_name(name: str, value: Any) -> None:
+    with pytest.raises(Exception) as raised:
+        validated(ChatCompletionsApi.InputSerializer, {**CHAT, name: value})
+    error = as_application_error(raised.value)
+    assert error is not None and (error.code, error.param) == ("unsupported_parameter", name)
+
+
+def test_fields_that_change_no_output_are_accepted() -> None:
+    body = {
+        **CHAT,
+        "modalities": ["text"],
+        "service_tier": "auto",
+        "prompt_cache_key": "k",
+        "safety_identifier": "u",
+        "reasoning_effort": None,
+    }
+    assert validated(ChatCompletionsApi.InputSerializer, body)["model"] == "small"
+
+
 def test_unknown_fields_are_ignored() -> None:
     data = validated(ChatCompletionsApi.InputSerializer, {**CHAT, "frobnicate": 1})
     assert "frobnicate" not in data
