@@ -101,6 +101,7 @@ class LimitAdmin(admin.ModelAdmin[Limit]):
         "monthly_tokens",
         "max_concurrent_streams",
         "max_tokens",
+        "allowed_models",
         "requests_per_second",
         "request_burst",
     ]

@@ -60,6 +60,15 @@ signals.post_save.connect(limits_cache.clear, sender=Limit, weak=False)
 signals.post_delete.connect(limits_cache.clear, sender=Limit, weak=False)
 
 
+def models_permitted(*, limits: Iterable[Limit]) -> frozenset[str] | None:
+    """The aliases a caller may use: those every one of its limits with a list allows
+    (the team's and its key's); None when none has a list."""
+    lists = [
+        frozenset(limit.allowed_models) for limit in limits if limit.allowed_models is not None
+    ]
+    return frozenset.intersection(*lists) if lists else None
+
+
 def max_tokens_cap(*, limits: Iterable[Limit]) -> int | None:
     """The tightest ``max_tokens`` cap of a caller's limits; None when there is none."""
     known = [int(limit.max_tokens) for limit in limits if limit.max_tokens is not None]

@@ -143,6 +143,11 @@ class Limit(models.Model):
         blank=True,
         help_text="cap on a request's max_tokens, under each model's own cap",
     )
+    allowed_models = models.JSONField(
+        null=True,
+        blank=True,
+        help_text="the model aliases it may use (a list); empty: any",
+    )
     requests_per_second = models.PositiveIntegerField(
         null=True,
         blank=True,

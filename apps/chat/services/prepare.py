@@ -30,6 +30,7 @@ from apps.chat.services.routing import (
     first_fitting,
     models_allowing,
     models_honouring,
+    models_permitting,
 )
 from apps.chat.services.types import Citation
 from apps.knowledge.services import SearchResult, chunk_search
@@ -40,6 +41,7 @@ from apps.usage.budgets import (
     budget_settle,
     limits_cache,
     max_tokens_cap,
+    models_permitted,
 )
 from apps.usage.models import Limit, Reservation
 from inference import (
@@ -146,7 +148,8 @@ def _admit(request: AnswerRequest) -> _Admitted:
     conversation, history = _history(request)
     limits = limits_cache.get(team=request.caller.team, api_key=request.caller.api_key)
     cap = max_tokens_cap(limits=limits)
-    candidates = models_allowing(request.model, max_tokens=request.max_tokens, cap=cap)
+    candidates = models_permitting(list(request.model.candidates), models_permitted(limits=limits))
+    candidates = models_allowing(candidates, max_tokens=request.max_tokens, cap=cap)
     candidates = models_honouring(candidates, request.tier_sampling, request.tools)
     started = time.monotonic()
     assemble = _Assembler(request, history=history, cap=cap)

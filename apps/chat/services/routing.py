@@ -1,9 +1,11 @@
 """Which models may serve an answer, before anything is reserved, and which one does.
 
-The candidates of the alias asked for are narrowed twice: to those that allow
-``max_tokens`` (:func:`models_allowing`), then to those whose server, and every
-fallback's, honours the sampling and tool fields set (:func:`models_honouring`); with
-``auto`` a model that cannot is passed over, with a fixed alias it is a 400. Then the
+The candidates of the alias asked for are narrowed three times: to those the caller's
+allow-list permits, with every alias they fall back to (:func:`models_permitting`, else
+403 ``model_not_allowed``), to those that allow ``max_tokens`` (:func:`models_allowing`),
+then to those whose server, and every fallback's, honours the sampling and tool fields set
+(:func:`models_honouring`); with ``auto`` a model that cannot is passed over, with a fixed
+alias it is a 400. Then the
 first whose window holds the prompt admits it (:func:`first_fitting`), and ``auto`` picks
 the model by the prompt's size once its passages are in (:func:`auto_route`).
 """
@@ -15,12 +17,11 @@ from collections.abc import Callable
 from django.conf import settings
 
 from apps.chat.services.registry import (
-    ModelChoice,
     ModelSpec,
     model_registry,
     output_tokens_resolve,
 )
-from apps.core.exceptions import InvalidRequest
+from apps.core.exceptions import InvalidRequest, PermissionDenied
 from inference import (
     ContextLengthExceeded,
     ModelEntry,
@@ -33,13 +34,13 @@ from inference import (
 
 
 def models_allowing(
-    model: ModelChoice, *, max_tokens: int | None, cap: int | None
+    candidates: list[ModelSpec], *, max_tokens: int | None, cap: int | None
 ) -> list[ModelSpec]:
     """The models that allow ``max_tokens``: with ``auto``, one that cannot is passed over
     (asking for more than the small model writes is a reason to take the large one)."""
     allowed: list[ModelSpec] = []
     refusal: InvalidRequest | None = None
-    for spec in model.candidates:
+    for spec in candidates:
         try:
             output_tokens_resolve(spec=spec, max_tokens=max_tokens, cap=cap)
         except InvalidRequest as exc:
@@ -50,6 +51,34 @@ def models_allowing(
         assert refusal is not None  # noqa: S101 - a candidate exists, so one refused
         raise refusal
     return allowed
+
+
+class ModelNotAllowed(PermissionDenied):
+    code = "model_not_allowed"
+
+
+def models_permitting(
+    candidates: list[ModelSpec], permitted: frozenset[str] | None
+) -> list[ModelSpec]:
+    """The candidates the caller's allow-list (:func:`apps.usage.limits.models_permitted`)
+    lets it use, each with every alias it falls back to: with ``auto`` one it may not use
+    is passed over, with a fixed alias it is a 403 ``model_not_allowed`` (a fallback to an
+    alias it may not use would otherwise answer it)."""
+    if permitted is None:
+        return candidates
+    registry = model_registry()
+    kept = [
+        spec
+        for spec in candidates
+        if all(entry.alias in permitted for entry in registry.chain(spec.alias))
+    ]
+    if not kept:
+        names = ", ".join(sorted(permitted)) or "none"
+        raise ModelNotAllowed(
+            f"model: {candidates[0].alias} is not among the models you may use ({names}).",
+            param="model",
+        )
+    return kept
 
 
 def models_honouring(

@@ -43,7 +43,13 @@ from apps.usage.budgets.extend import budget_extend
 from apps.usage.budgets.refusals import AdmissionUnavailable, RateLimited
 from apps.usage.budgets.reserve import LIMITER_RETRY_SECONDS, budget_reserve, reservation_record
 from apps.usage.budgets.settle import budget_settle, quotas_reconcile, reservations_release_expired
-from apps.usage.limits import LimitsCache, limits_cache, limits_of, max_tokens_cap
+from apps.usage.limits import (
+    LimitsCache,
+    limits_cache,
+    limits_of,
+    max_tokens_cap,
+    models_permitted,
+)
 from apps.usage.periods import period_bounds, quota_name
 from apps.usage.selectors import quota_used
 
@@ -58,6 +64,7 @@ __all__ = [
     "limits_cache",
     "limits_of",
     "max_tokens_cap",
+    "models_permitted",
     "period_bounds",
     "quota_name",
     "quota_used",

@@ -40,6 +40,11 @@ class Command(BaseCommand):
         parser.add_argument("--key", help="public prefix of one of the team's API keys")
         for option in FIELDS:
             parser.add_argument(f"--{option.replace('_', '-')}", type=_tokens, metavar="N|none")
+        parser.add_argument(
+            "--models",
+            metavar="ALIAS,…|none",
+            help="the model aliases it may use, comma-separated; none: any",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         team = team_get_by_name(name=options["team"])
@@ -51,6 +56,8 @@ class Command(BaseCommand):
             if api_key is None:
                 raise CommandError(f"team {team.name!r} has no key {options['key']!r}")
         given = {FIELDS[o]: options[o] for o in FIELDS if options[o] is not None}
+        if options["models"] is not None:
+            given["allowed_models"] = _aliases(options["models"])
         if api_key is not None and given.keys() & REQUEST_FIELDS.keys():
             raise CommandError("request rates are the team's: leave out --key")
         limit = Limit.objects.filter(team=team, api_key=api_key).first()
@@ -63,6 +70,8 @@ class Command(BaseCommand):
         if limit is None:
             self.stdout.write(f"{scope}: unlimited")
             return
+        allowed = "any" if limit.allowed_models is None else ",".join(limit.allowed_models)
+        self.stdout.write(f"{scope}: models = {allowed}")
         for option, field in FIELDS.items():
             if api_key is not None and field in REQUEST_FIELDS:
                 continue
@@ -70,6 +79,17 @@ class Command(BaseCommand):
             if value is None and field in REQUEST_FIELDS:
                 value = f"default ({getattr(settings, REQUEST_FIELDS[field])})"
             self.stdout.write(f"{scope}: {option} = {'unlimited' if value is None else value}")
+
+
+def _aliases(value: str) -> list[str] | str:
+    if value == "none":
+        return value
+    names = [name.strip() for name in value.split(",") if name.strip()]
+    known = set(settings.INFERENCE_MODELS or settings.MODEL_ALIASES)
+    unknown = sorted(set(names) - known)
+    if unknown:
+        raise CommandError(f"no model alias {unknown}; choose from {sorted(known)}")
+    return names
 
 
 def _tokens(value: str) -> int | str:
