@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -93,3 +93,29 @@ def sdk(asgi_server: str, issued_key: IssuedKey) -> Iterator[openai.OpenAI]:
     )
     yield client
     client.close()
+
+
+def client_script(argv: list[str], *, base_url: str, key: IssuedKey) -> Callable[..., Any]:
+    """Run one case of a client script (``argv``, then the case's name and its options as
+    JSON) against the app at ``base_url`` with ``key``; what it prints, decoded."""
+    import os
+    import subprocess
+
+    from config.env import BASE_DIR
+
+    env = {**os.environ, "RAGTIER_BASE_URL": base_url, "RAGTIER_API_KEY": key.secret}
+
+    def run(case: str, **options: Any) -> Any:
+        done = subprocess.run(
+            [*argv, case, json.dumps(options)],
+            cwd=BASE_DIR,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=180,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr[-4000:]
+        return json.loads(done.stdout)
+
+    return run

@@ -12,9 +12,6 @@ speaks the legacy ``/v1/completions``, which ragtier does not serve (404)."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +20,7 @@ import pytest
 from apps.accounts.services import IssuedKey
 from apps.usage.models import UsageRecord
 from config.env import BASE_DIR
+from tests.apps.chat.conftest import client_script
 from tests.apps.chat.test_openai_tools import CALL
 from tests.fake_upstream import FakeUpstream
 
@@ -38,22 +36,7 @@ def llamaindex(asgi_server: str, issued_key: IssuedKey) -> Any:
     """Run one case of ``clients.py`` against the app; its printed JSON, decoded."""
     if not PYTHON.is_file():
         pytest.skip("LlamaIndex's environment is not built: make test")
-    env = {**os.environ, "RAGTIER_BASE_URL": asgi_server, "RAGTIER_API_KEY": issued_key.secret}
-
-    def run(case: str, **options: Any) -> Any:
-        done = subprocess.run(
-            [str(PYTHON), str(SCRIPT), case, json.dumps(options)],
-            cwd=BASE_DIR,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=180,
-            check=False,
-        )
-        assert done.returncode == 0, done.stderr[-4000:]
-        return json.loads(done.stdout)
-
-    return run
+    return client_script([str(PYTHON), str(SCRIPT)], base_url=asgi_server, key=issued_key)
 
 
 def test_complete_and_chat_whole(upstream: FakeUpstream, llamaindex: Any) -> None:

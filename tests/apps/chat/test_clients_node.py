@@ -7,10 +7,7 @@ these skip."""
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +18,7 @@ from apps.accounts.services import IssuedKey
 from apps.knowledge.services import embedder, embedding_model_name
 from apps.usage.models import UsageRecord
 from config.env import BASE_DIR
+from tests.apps.chat.conftest import client_script
 from tests.apps.chat.test_openai_tools import CALL, WEATHER
 from tests.fake_upstream import FakeUpstream
 
@@ -37,22 +35,7 @@ def node(asgi_server: str, issued_key: IssuedKey) -> Any:
         pytest.skip("no node on PATH")
     if not (BASE_DIR / "node_modules" / "openai" / "package.json").is_file():
         pytest.skip("the openai npm package is not installed: npm ci")
-    env = {**os.environ, "RAGTIER_BASE_URL": asgi_server, "RAGTIER_API_KEY": issued_key.secret}
-
-    def run(case: str, **options: Any) -> Any:
-        done = subprocess.run(
-            [executable, str(SCRIPT), case, json.dumps(options)],
-            cwd=BASE_DIR,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=180,
-            check=False,
-        )
-        assert done.returncode == 0, done.stderr
-        return json.loads(done.stdout)
-
-    return run
+    return client_script([executable, str(SCRIPT)], base_url=asgi_server, key=issued_key)
 
 
 def test_streaming_chat_with_usage(upstream: FakeUpstream, node: Any) -> None:
