@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from apps.chat.models import Message
 from apps.chat.services.prepare import PreparedAnswer
@@ -91,11 +92,18 @@ def usage_of(
         model=served.alias,
         source="upstream" if upstream is not None else "counted",
         cache_hit=cache_hit,
-        context_window=prepared.spec.context_window,
-        dropped_passages=prepared.dropped_passages,
-        dropped_turns=prepared.dropped_turns,
-        tag=prepared.caller.tag,
+        **_window(prepared),
     )
+
+
+def _window(prepared: PreparedAnswer) -> dict[str, Any]:
+    """How full the answer's window ran, what it left out, and the usage's tag."""
+    return {
+        "context_window": prepared.spec.context_window,
+        "dropped_passages": prepared.dropped_passages,
+        "dropped_turns": prepared.dropped_turns,
+        "tag": prepared.caller.tag,
+    }
 
 
 def usage_observe(usage: Usage, status: str, error: ApplicationError | None) -> None:
