@@ -1,6 +1,6 @@
 from django.urls import path
 
-from apps.chat import apis
+from apps.chat import apis, estimate_api
 
 urlpatterns = [
     path("conversations", apis.ConversationListCreateApi.as_view(), name="conversation-list"),
@@ -22,4 +22,5 @@ urlpatterns = [
         "messages/<int:message_id>/cancel", apis.MessageCancelApi.as_view(), name="message-cancel"
     ),
     path("tokenize", apis.TokenizeApi.as_view(), name="tokenize"),
+    path("estimate", estimate_api.EstimateApi.as_view(), name="estimate"),
 ]

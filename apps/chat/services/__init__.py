@@ -17,6 +17,7 @@ from apps.chat.services.conversations import (
     message_cancel,
 )
 from apps.chat.services.detach import answer_outliving_client, detach_grace
+from apps.chat.services.estimate import Estimate, answer_estimate
 from apps.chat.services.generate import answer_events
 from apps.chat.services.prepare import PreparedAnswer, answer_prepare
 from apps.chat.services.registry import (
@@ -48,6 +49,7 @@ __all__ = [
     "AnswerRequest",
     "AnswerRun",
     "CollectedAnswer",
+    "Estimate",
     "ModelChoice",
     "ModelSpec",
     "PreparedAnswer",
@@ -55,6 +57,7 @@ __all__ = [
     "ReplaySlot",
     "StoredEvent",
     "answer_collect",
+    "answer_estimate",
     "answer_events",
     "answer_outliving_client",
     "answer_prepare",

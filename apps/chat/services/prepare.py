@@ -122,6 +122,13 @@ def answer_prepare(*, request: AnswerRequest) -> PreparedAnswer:
         raise
 
 
+def answer_prepare_unheld(*, request: AnswerRequest) -> PreparedAnswer:
+    """What :func:`answer_prepare` would make of ``request``, holding nothing: the same
+    checks, retrieval (its query embedding charged, as any search's), prompt and routing,
+    for an estimate (:mod:`.estimate`)."""
+    return _ground(_admit(request, hold=False))
+
+
 @dataclass(frozen=True, slots=True)
 class _Admitted:
     """An answer admitted: its prompt without passages fits ``candidates[0]``, and that
@@ -137,7 +144,7 @@ class _Admitted:
     started: float
 
 
-def _admit(request: AnswerRequest) -> _Admitted:
+def _admit(request: AnswerRequest, *, hold: bool = True) -> _Admitted:
     """Admission, before anything is embedded or generated: the prompt without passages
     plus every output token it may generate, held atomically against every limit (429
     here, never mid-stream). Passages only add tokens, so the bare prompt is a floor.
@@ -155,7 +162,7 @@ def _admit(request: AnswerRequest) -> _Admitted:
     assemble = _Assembler(request, history=history, cap=cap)
     spec, bare = first_fitting(candidates, assemble)
     held = bare.prompt_tokens + assemble.output_tokens(spec)
-    reservation = _reserve(request.caller, tokens=held, limits=limits)
+    reservation = _reserve(request.caller, tokens=held, limits=limits) if hold else None
     remaining = candidates[candidates.index(spec) :]
     return _Admitted(request, conversation, assemble, remaining, bare, held, reservation, started)
 

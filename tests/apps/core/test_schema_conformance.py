@@ -109,6 +109,13 @@ def test_models_and_embeddings(issued_key: IssuedKey) -> None:
         assert response.status_code == 200 and len(response.json()["data"]) == 2
 
 
+def test_an_estimate(issued_key: IssuedKey, corpus: int) -> None:
+    created = _call(issued_key, "POST", "/api/v1/conversations", body={"collections": [corpus]})
+    body = {"content": QUESTION, "conversation": created.json()["id"], "max_tokens": 20}
+    estimate = _call(issued_key, "POST", "/api/v1/estimate", body=body)
+    assert estimate.status_code == 200 and estimate.json()["admitted"] is True
+
+
 def test_native_answer_its_replay_and_conversation(issued_key: IssuedKey, corpus: int) -> None:
     created = _call(issued_key, "POST", "/api/v1/conversations", body={"collections": [corpus]})
     conversation = {"conversation_id": created.json()["id"]}
