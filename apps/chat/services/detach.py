@@ -30,10 +30,11 @@ poll ``GET …/messages/{id}`` and find the text so far.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import logging
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING
 
 from django.conf import settings
@@ -196,8 +197,9 @@ class AnswerHold:
         """The tokens made while nobody read that no reader was handed, and none that
         follows the answer now will be (here; a resume in another process, known only
         by its mark, is taken to read it all)."""
-        spans = sorted(reading.span() for reading in self.readings)
-        texts = [text for seq, text in self.unread if not _within(seq, spans)]
+        spans = _merged(reading.span() for reading in self.readings)
+        starts = [after for after, _ in spans]
+        texts = [text for seq, text in self.unread if not _within(seq, spans, starts)]
         if not texts:
             return 0
         if settings.STREAM_BUFFER_REDIS_URL:
@@ -207,8 +209,23 @@ class AnswerHold:
         return count("".join(texts))
 
 
-def _within(seq: int, spans: list[tuple[int, float]]) -> bool:
-    return any(after < seq <= end for after, end in spans)
+def _merged(spans: Iterable[tuple[int, float]]) -> list[tuple[int, float]]:
+    """The spans (after, end] joined where they overlap or touch, in order: a resume per
+    second for the whole grace period is still a few spans to look ids up in."""
+    merged: list[tuple[int, float]] = []
+    for after, end in sorted(spans):
+        if merged and after <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((after, end))
+    return merged
+
+
+def _within(seq: int, spans: list[tuple[int, float]], starts: list[int]) -> bool:
+    r"""Whether ``seq`` is in one of the disjoint, ordered ``spans`` (``starts``: their
+    ``after``\ s): a binary search."""
+    index = bisect.bisect_left(starts, seq) - 1
+    return index >= 0 and seq <= spans[index][1]
 
 
 class StatusWriter:
