@@ -38,7 +38,7 @@ from apps.chat.sse import (
     last_event_id,
     with_pings,
 )
-from apps.chat.wire import NativeWire, answer_respond
+from apps.chat.wire import NativeWire, answer_respond, stored_events
 from apps.core.aio import AsyncApiView, db_call
 from apps.core.idempotency import (
     REPLAYED_HEADER,
@@ -249,20 +249,24 @@ async def message_replay(
     *, caller: Caller, claim: IdempotencyKey, stream: bool
 ) -> HttpResponseBase:
     """What a retry with the same ``Idempotency-Key`` gets: the first answer's events
-    replayed (a stream), or its stored message (JSON); nothing generated or charged."""
+    replayed (a stream), or its stored message (JSON) with the usage block and log
+    probabilities its events hold; nothing generated or charged."""
     assert claim.resource_id is not None  # noqa: S101 - a completed claim names its message
     message = await db_call(selectors.message_get)(team=caller.team, message_id=claim.resource_id)
+    events = await services.replay_open(team=caller.team, message_id=message.pk, after=0)
     response: HttpResponseBase
     if stream:
-        events = await services.replay_open(team=caller.team, message_id=message.pk, after=0)
         response = _event_stream(events)
     else:
+        stored = await services.answer_collect(stored_events(events))
+        usage = stored.usage or selectors.message_usage(message=message)  # events expired
         body = {
             "id": message.pk,
             "content": message.content,
             "citations": message.citations,
-            "usage": selectors.message_usage(message=message).as_dict(),
+            "usage": usage.as_dict(),
             "finish_reason": message.finish_reason,
+            **({"logprobs": stored.logprobs} if stored.logprobs else {}),
         }
         response = Response(body, status=claim.response_status or status.HTTP_201_CREATED)
     response[REPLAYED_HEADER] = "true"
