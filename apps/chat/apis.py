@@ -237,7 +237,7 @@ class ConversationMessageCreateApi(AsyncApiView):
             asked = self.InputSerializer.to_request(
                 data, caller=caller, model=model, conversation=conversation_id
             )
-            prepared = await db_call(services.answer_prepare)(request=asked)
+            prepared = await services.answer_ready(asked)
             return await answer_respond(prepared, wire=NativeWire(), stream=stream, claim=claim)
         except BaseException:
             if claim is not None:  # nothing to replay: a retry runs afresh

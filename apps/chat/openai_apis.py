@@ -200,7 +200,7 @@ class ChatCompletionsApi(AsyncApiView):
             asked = self.InputSerializer.to_request(data, caller=caller, model=model)
             if claim is not None:
                 asked = dataclasses.replace(asked, store=True)
-            prepared = await db_call(services.answer_prepare)(request=asked)
+            prepared = await services.answer_ready(asked)
             return await answer_respond(prepared, wire=wire, stream=data["stream"], claim=claim)
         except BaseException:
             if claim is not None:  # nothing to replay: a retry runs afresh

@@ -39,7 +39,7 @@ from apps.chat.services.replay import (
     replay_slot_take,
 )
 from apps.chat.services.request import AnswerRequest
-from apps.chat.services.run import AnswerRun, answer_start
+from apps.chat.services.run import AnswerRun, answer_ready, answer_start
 from apps.chat.services.teams import PurgeReport, team_purge
 from apps.chat.services.tier import inference_client, model_choose, model_resolve
 from apps.chat.services.types import AnswerEvent
@@ -61,6 +61,7 @@ __all__ = [
     "answer_events",
     "answer_outliving_client",
     "answer_prepare",
+    "answer_ready",
     "answer_start",
     "answer_text_so_far",
     "conversation_create",

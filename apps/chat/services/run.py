@@ -40,8 +40,9 @@ from apps.chat.services.cancel_watch import cancel_watch
 from apps.chat.services.detach import AnswerHold
 from apps.chat.services.journal import Journal
 from apps.chat.services.prefetch import Prefetched
-from apps.chat.services.prepare import PreparedAnswer
+from apps.chat.services.prepare import PreparedAnswer, answer_prepare
 from apps.chat.services.registry import model_registry
+from apps.chat.services.request import AnswerRequest
 from apps.chat.services.settle import (
     AnswerKeys,
     ConversationGone,
@@ -64,6 +65,7 @@ from apps.core.exceptions import ApplicationError
 from apps.core.group_commit import budget_writer
 from apps.usage import metrics
 from apps.usage.budgets import budget_settle
+from apps.usage.models import Reservation
 from inference import Event, Failover, Interrupt, ModelEntry, OpenAIClient, Target
 
 logger = logging.getLogger(__name__)
@@ -76,6 +78,30 @@ first token wait on the write (the process's one interpreter lock); a cancel or 
 asked for in that time finds the rows a few milliseconds later, as it would during the
 write."""
 E = TypeVar("E", bound=AnswerEvent)
+
+
+async def answer_ready(request: AnswerRequest) -> PreparedAnswer:
+    """:func:`~.prepare.answer_prepare` off the event loop. A client gone meanwhile leaves
+    no hold behind: the preparation finishes in its thread, and the reservation it made is
+    given back as soon as it does (else it would be held until it expires)."""
+    work = asyncio.ensure_future(db_call(answer_prepare)(request=request))
+    try:
+        return await asyncio.shield(work)
+    except asyncio.CancelledError:
+        work.add_done_callback(_release_prepared)
+        raise
+
+
+def _release_prepared(work: asyncio.Future[PreparedAnswer]) -> None:
+    if work.cancelled() or work.exception() is not None:
+        return  # it failed: answer_prepare gave its hold back itself
+    reservation = work.result().reservation
+    if reservation is not None:
+        _in_background(_release(reservation))
+
+
+async def _release(reservation: Reservation) -> None:
+    await db_call(budget_settle)(reservation=reservation, actual=0)
 
 
 async def answer_start(prepared: PreparedAnswer) -> AnswerRun:
