@@ -81,7 +81,7 @@ def test_the_database_down_before_the_first_byte_is_a_503(
         raise OperationalError("could not connect to server")
 
     conversation = conversation_for(http)
-    monkeypatch.setattr("apps.chat.services.answer_prepare", down)
+    monkeypatch.setattr("apps.chat.services.run.answer_prepare", down)
     response = http.post(
         f"/api/v1/conversations/{conversation}/messages",
         json={"content": "Hi", "top_k": 0, "stream": True},
