@@ -72,10 +72,24 @@ class UsageRecord(models.Model):
     summarized_turns = models.PositiveIntegerField(
         default=0, help_text="history messages replaced by a summary"
     )
+    dropped_tokens = models.PositiveIntegerField(
+        default=0,
+        help_text="the tokens the passages and turns left out or summarised would have taken",
+    )
     detached_unread_tokens = models.PositiveIntegerField(
         default=0,
         help_text="of the completion tokens, those made while the client was gone (the "
         "answer detached) and never read",
+    )
+    route_reason = models.CharField(
+        max_length=64,
+        blank=True,
+        help_text="why this alias served: the prompt's length, the allow-list, a fallback…",
+    )
+    energy_source = models.CharField(
+        max_length=16,
+        blank=True,
+        help_text="where energy_wh came from: nvml or rapl (measured), estimated (the table)",
     )
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.OK)
     error_code = models.CharField(max_length=64, blank=True)
