@@ -95,10 +95,13 @@ class LimitAdmin(admin.ModelAdmin[Limit]):
     list_display = [
         "team",
         "api_key",
+        "tag",
         "burst_tokens",
         "tokens_per_minute",
         "daily_tokens",
         "monthly_tokens",
+        "daily_usd",
+        "monthly_usd",
         "max_concurrent_streams",
         "max_tokens",
         "allowed_models",

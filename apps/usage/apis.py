@@ -18,6 +18,7 @@ from rest_framework.views import APIView
 from apps.accounts import selectors as accounts
 from apps.accounts.permissions import get_caller
 from apps.core.validation import validated
+from apps.usage.limits import aliases_unknown, model_aliases
 from apps.usage.selectors import (
     GROUPS,
     key_limit_values,
@@ -165,13 +166,33 @@ class KeyLimitsApi(APIView):
             min_value=0, allow_null=True, default=None
         )
         max_tokens = serializers.IntegerField(min_value=0, allow_null=True, default=None)
+        daily_usd = serializers.DecimalField(
+            max_digits=14, decimal_places=6, min_value=0, allow_null=True, default=None
+        )
+        monthly_usd = serializers.DecimalField(
+            max_digits=14, decimal_places=6, min_value=0, allow_null=True, default=None
+        )
+        allowed_models = serializers.ListField(
+            child=serializers.CharField(max_length=64),
+            max_length=32,
+            allow_null=True,
+            default=None,
+        )
+
+        def validate_allowed_models(self, value: list[str] | None) -> list[str] | None:
+            unknown = aliases_unknown(value or [])
+            if unknown:
+                raise serializers.ValidationError(
+                    f"no model alias {unknown}; choose from {model_aliases()}"
+                )
+            return value
 
     @extend_schema(responses={200: LimitsSerializer})
     def get(self, request: Request, prefix: str) -> Response:
         """The key's own limits (null: unlimited); the team's apply on top of them."""
         manager = accounts.key_manager_for(caller=get_caller(request))
         api_key = accounts.api_key_get_managed(manager=manager, prefix=prefix)
-        return Response(asdict(key_limit_values(api_key=api_key)))
+        return Response(self.LimitsSerializer(asdict(key_limit_values(api_key=api_key))).data)
 
     @extend_schema(
         request=LimitsSerializer,
@@ -187,4 +208,4 @@ class KeyLimitsApi(APIView):
         manager = accounts.key_manager_for(caller=get_caller(request))
         api_key = accounts.api_key_get_managed(manager=manager, prefix=prefix)
         key_limits_set(manager=manager, api_key=api_key, values=LimitValues(**data))
-        return Response(asdict(key_limit_values(api_key=api_key)))
+        return Response(self.LimitsSerializer(asdict(key_limit_values(api_key=api_key))).data)

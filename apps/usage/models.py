@@ -135,6 +135,11 @@ class Limit(models.Model):
     team's time zone; ``max_concurrent_streams`` bounds answers in flight; ``max_tokens``
     caps what one request may ask for (each model's own cap still applies).
 
+    Money as well as tokens: ``daily_usd`` and ``monthly_usd`` budget what answers and
+    embeddings cost at their model's prices, reserved at the worst case and settled at
+    the actual cost like token quotas (counted in nano-dollars). A row with a ``tag``
+    (and no key) limits the team's requests under that purpose tag.
+
     Requests, not tokens: on the team's row only, ``requests_per_second`` and
     ``request_burst`` size the bucket every authenticated API request of the team draws
     one from (empty: ``REQUEST_RATE_PER_SECOND`` and ``REQUEST_BURST``; a rate of 0: no
@@ -145,10 +150,29 @@ class Limit(models.Model):
     api_key = models.OneToOneField(
         ApiKey, on_delete=models.CASCADE, null=True, blank=True, related_name="limit"
     )
+    tag = models.CharField(
+        max_length=32, blank=True, help_text="the purpose tag it limits (a team's row only)"
+    )
     burst_tokens = models.PositiveBigIntegerField(null=True, blank=True)
     tokens_per_minute = models.PositiveBigIntegerField(null=True, blank=True)
     daily_tokens = models.PositiveBigIntegerField(null=True, blank=True)
     monthly_tokens = models.PositiveBigIntegerField(null=True, blank=True)
+    daily_usd = models.DecimalField(
+        max_digits=14,
+        decimal_places=6,
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(0)],
+        help_text="USD per day in the team's time zone, at the models' prices",
+    )
+    monthly_usd = models.DecimalField(
+        max_digits=14,
+        decimal_places=6,
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(0)],
+        help_text="USD per calendar month in the team's time zone",
+    )
     max_concurrent_streams = models.PositiveIntegerField(
         null=True, blank=True, help_text="answers being generated at once"
     )
@@ -179,11 +203,21 @@ class Limit(models.Model):
         constraints = [
             models.UniqueConstraint(
                 fields=["team"],
-                condition=models.Q(api_key__isnull=True),
+                condition=models.Q(api_key__isnull=True, tag=""),
                 name="limit_one_per_team",
             ),
+            models.UniqueConstraint(
+                fields=["team", "tag"],
+                condition=~models.Q(tag=""),
+                name="limit_one_per_tag",
+            ),
             models.CheckConstraint(
-                condition=models.Q(api_key__isnull=True)
+                condition=models.Q(tag="") | models.Q(api_key__isnull=True),
+                name="limit_tag_team_only",
+                violation_error_message="A tag's limit is the team's: leave its key empty.",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(api_key__isnull=True, tag="")
                 | models.Q(requests_per_second__isnull=True, request_burst__isnull=True),
                 name="limit_request_rate_team_only",
                 violation_error_message="Request rates are the team's: set them on its row, "
@@ -192,6 +226,8 @@ class Limit(models.Model):
         ]
 
     def __str__(self) -> str:
+        if self.tag:
+            return f"limits of {self.team} under tag {self.tag}"
         return f"limits of {self.api_key or self.team}"
 
 
@@ -209,20 +245,28 @@ class QuotaCounter(models.Model):
         DAY = "day"
         MONTH = "month"
 
+    class Unit(models.TextChoices):
+        TOKENS = "tokens"
+        USD = "usd", "nano-dollars"
+
     limit = models.ForeignKey(Limit, on_delete=models.CASCADE, related_name="counters")
     period = models.CharField(max_length=8, choices=Period.choices)
     starts_on = models.DateField()
-    used = models.BigIntegerField(default=0, help_text="settled plus reserved tokens")
+    unit = models.CharField(max_length=8, choices=Unit.choices, default=Unit.TOKENS)
+    used = models.BigIntegerField(
+        default=0, help_text="settled plus reserved tokens (or nano-dollars)"
+    )
 
     class Meta:
         constraints = [
             models.UniqueConstraint(
-                fields=["limit", "period", "starts_on"], name="quota_counter_unique_period"
+                fields=["limit", "period", "starts_on", "unit"],
+                name="quota_counter_unique_period_unit",
             )
         ]
 
     def __str__(self) -> str:
-        return f"{self.period} from {self.starts_on}: {self.used}"
+        return f"{self.period} from {self.starts_on}: {self.used} {self.unit}"
 
 
 class StreamCounter(models.Model):
@@ -259,14 +303,21 @@ class Reservation(models.Model):
     )
     token = models.UUIDField(default=uuid.uuid4, editable=False, unique=True)
     tokens = models.PositiveBigIntegerField()
+    cost_nanos = models.PositiveBigIntegerField(
+        default=0, help_text="nano-dollars held against money budgets (the worst case)"
+    )
     store = models.CharField(max_length=16, choices=Store.choices, default=Store.DATABASE)
     buckets = models.JSONField(default=list, help_text="ids of the limits whose bucket it drew on")
     slots = models.JSONField(default=list, help_text="ids of the limits whose stream slot it holds")
     counters = models.JSONField(default=list, help_text="ids of the quota counters charged")
+    cost_counters = models.JSONField(
+        default=list, help_text="the money budgets' counters charged, as ``counters``"
+    )
     created_at = models.DateTimeField()
     expires_at = models.DateTimeField(db_index=True)
     settled_at = models.DateTimeField(null=True, blank=True)
     actual_tokens = models.BigIntegerField(null=True, blank=True)
+    actual_cost_nanos = models.BigIntegerField(null=True, blank=True)
     remote_pending = models.BooleanField(
         default=False, help_text="settled here, but Redis was unreachable: refund it later"
     )

@@ -21,12 +21,10 @@ def period_bounds(period: str, now: datetime, zone: ZoneInfo) -> tuple[date, dat
 
 
 def quota_name(key: QuotaKey) -> str:
-    """How a Redis reservation names a quota it charged (its ``counters``): the counter's
-    row may not exist until something settles on it."""
-    return f"{key.limit_id}:{key.period}:{key.starts_on.isoformat()}"
+    """How a Redis reservation names a quota it charged (:attr:`QuotaKey.name`)."""
+    return key.name
 
 
 def quota_key(name: str) -> QuotaKey:
     """The quota a :func:`quota_name` names."""
-    limit_id, period, starts_on = name.split(":")
-    return QuotaKey(int(limit_id), period, date.fromisoformat(starts_on))
+    return QuotaKey.named(name)

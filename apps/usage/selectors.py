@@ -15,16 +15,18 @@ from django.utils import timezone
 from apps.accounts.models import ApiKey, Team
 from apps.accounts.selectors import KeyManager, api_key_list
 from apps.usage.limiters import (
+    TOKENS,
+    USD,
     LimiterUnavailable,
     QuotaKey,
     RedisLimiter,
     buckets_and_slots,
     limiter,
 )
-from apps.usage.limits import limits_of
+from apps.usage.limits import limit_periods, limits_of
 from apps.usage.models import Limit, QuotaCounter, Reservation, UsageRecord
 from apps.usage.periods import period_bounds
-from apps.usage.values import LimitValues
+from apps.usage.values import NANOS_PER_USD, LimitValues
 
 GROUPS = {
     "day": "day",
@@ -116,7 +118,7 @@ def quota_used(*, key: QuotaKey, now: datetime | None = None) -> int:
         if used is not None:
             return used
     counter = QuotaCounter.objects.filter(
-        limit_id=key.limit_id, period=key.period, starts_on=key.starts_on
+        limit_id=key.limit_id, period=key.period, starts_on=key.starts_on, unit=key.unit
     ).first()
     return counter.used if counter is not None else 0
 
@@ -136,6 +138,8 @@ def quota_report(
             "bucket": None,
             "day": None,
             "month": None,
+            "day_usd": None,
+            "month_usd": None,
             "max_concurrent_streams": limit.max_concurrent_streams,
             "max_tokens": limit.max_tokens,
         }
@@ -150,26 +154,32 @@ def quota_report(
                 "tokens_per_minute": bucket.rate,
                 "available": available,
             }
-        for period, quota in (("day", limit.daily_tokens), ("month", limit.monthly_tokens)):
-            if quota is None:
-                continue
+        for period, unit, quota in limit_periods(limit):
             starts_on, resets_at = period_bounds(period, now, zone)
-            key = QuotaKey(limit.pk, period, starts_on)
-            try:
-                used = quota_used(key=key, now=now)
-            except LimiterUnavailable:  # what settled, as the database records it
-                counter = QuotaCounter.objects.filter(
-                    limit=limit, period=period, starts_on=starts_on
-                ).first()
-                used = counter.used if counter else 0
-            entry[period] = {
-                "limit": quota,
-                "used": used,
-                "remaining": max(0, quota - used),
+            used = _quota_used_now(QuotaKey(limit.pk, period, starts_on, unit), now)
+            shown = _dollars if unit == USD else int
+            entry[period if unit == TOKENS else f"{period}_usd"] = {
+                "limit": shown(quota),
+                "used": shown(used),
+                "remaining": shown(max(0, quota - used)),
                 "resets_at": resets_at.isoformat(),
             }
         report.append(entry)
     return {"limits": report, "unlimited": not report}
+
+
+def _quota_used_now(key: QuotaKey, now: datetime) -> int:
+    try:
+        return quota_used(key=key, now=now)
+    except LimiterUnavailable:  # what settled, as the database records it
+        counter = QuotaCounter.objects.filter(
+            limit_id=key.limit_id, period=key.period, starts_on=key.starts_on, unit=key.unit
+        ).first()
+        return counter.used if counter else 0
+
+
+def _dollars(nanos: int) -> str:
+    return str((Decimal(nanos) / NANOS_PER_USD).quantize(Decimal("1e-6")))
 
 
 def reservations_open() -> dict[str, tuple[int, int]]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 from decimal import Decimal
+from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import User
@@ -44,6 +45,22 @@ def cost_of(
     return (per_million / 1_000_000).quantize(Decimal("1e-10"))
 
 
+def embedding_cost(*, model: str, tokens: int) -> Decimal:
+    """What embedding ``tokens`` with ``model`` costs: input tokens, none cached."""
+    return cost_of(model=model, prompt=tokens, cached=0, completion=0)
+
+
+def usage_cost(*, model: str, usage: Usage, price: Price | None = None) -> Decimal:
+    """What one generation's usage costs (:func:`cost_of`)."""
+    return cost_of(
+        model=model,
+        prompt=usage.prompt_tokens,
+        cached=usage.cached_tokens,
+        completion=usage.completion_tokens,
+        price=price,
+    )
+
+
 def energy_of(*, model: str, tokens: int, per_1k: float | None = None) -> float:
     if per_1k is None:
         per_1k = float(settings.MODEL_ENERGY_WH_PER_1K_TOKENS.get(model, 0.0))
@@ -75,7 +92,7 @@ def usage_record_embedding(
         tag=tag,
         object_id=object_id,
         prompt_tokens=tokens,
-        cost_usd=cost_of(model=model, prompt=tokens, cached=0, completion=0),
+        cost_usd=embedding_cost(model=model, tokens=tokens),
         energy_wh=energy_of(model=model, tokens=tokens),
         status=status,
     )
@@ -116,13 +133,7 @@ def usage_record_chat(
         object_id=object_id,
         tag=tag,
         **usage.columns(),
-        cost_usd=cost_of(
-            model=model,
-            prompt=usage.prompt_tokens,
-            cached=usage.cached_tokens,
-            completion=usage.completion_tokens,
-            price=price,
-        ),
+        cost_usd=usage_cost(model=model, usage=usage, price=price),
         energy_wh=energy_of(model=model, tokens=usage.total_tokens, per_1k=energy),
         status=status,
         error_code=error_code,
@@ -134,16 +145,18 @@ def usage_record_chat(
     )
 
 
-def _limit_values(limit: Limit) -> dict[str, int | None]:
+def _limit_values(limit: Limit) -> dict[str, Any]:
     requests = {
         "requests_per_second": limit.requests_per_second,
         "request_burst": limit.request_burst,
     }
-    return {**asdict(LimitValues.of(limit)), **requests}
+    return {**LimitValues.of(limit).recorded(), **requests}
 
 
 def _limit_target(limit: Limit) -> str:
-    return f"key {limit.api_key.prefix}" if limit.api_key else f"team {limit.team.name}"
+    if limit.api_key:
+        return f"key {limit.api_key.prefix}"
+    return f"team {limit.team.name}" + (f" tag {limit.tag}" if limit.tag else "")
 
 
 @transaction.atomic

@@ -57,11 +57,11 @@ def _sql(vendor: str, mark: str) -> dict[str, str]:
         "charge": f"UPDATE {counter} SET used = used + %s WHERE id = %s AND used <= %s",
         "charge_key": (
             f"UPDATE {counter} SET used = used + %s WHERE id = %s AND used <= %s "
-            "AND limit_id = %s AND period = %s AND starts_on = %s"
+            "AND limit_id = %s AND period = %s AND starts_on = %s AND unit = %s"
         ),
         "record": (
             f"UPDATE {counter} SET used = used + %s "
-            "WHERE limit_id = %s AND period = %s AND starts_on = %s"
+            "WHERE limit_id = %s AND period = %s AND starts_on = %s AND unit = %s"
         ),
         "refund": (
             f"UPDATE {counter} SET used = CASE WHEN used > %s THEN used - %s ELSE 0 END "
@@ -88,8 +88,8 @@ def _sql(vendor: str, mark: str) -> dict[str, str]:
         ),
         "claim": (
             f"UPDATE {reservation} SET settled_at = %s, actual_tokens = %s, "
-            "remote_pending = %s WHERE id = %s AND token = %s AND settled_at IS NULL "
-            "RETURNING tokens"
+            "actual_cost_nanos = %s, remote_pending = %s "
+            "WHERE id = %s AND token = %s AND settled_at IS NULL RETURNING tokens, cost_nanos"
         ),
     }
     return {name: sql.replace("%s", mark) for name, sql in statements.items()}
@@ -126,21 +126,23 @@ def _run(db: BaseDatabaseWrapper, name: str, params: Sequence[Any], *, ids: int 
 
 
 def quota_charge(counter_id: int, *, tokens: int, room: int, key: Any = None) -> bool:
-    """Add ``tokens`` to a quota counter if its ``used`` is at most ``room``; with ``key``
-    (a :class:`~apps.usage.limiters.QuotaKey`), only if the row is still that quota's."""
+    """Add ``tokens`` (or nano-dollars) to a quota counter if its ``used`` is at most
+    ``room``; with ``key`` (a :class:`~apps.usage.limiters.QuotaKey`), only if the row is
+    still that quota's."""
     db = _db()
     if key is None:
         return bool(_run(db, "charge", [tokens, counter_id, room]))
     starts_on = _prep(db, QuotaCounter, "starts_on", value=key.starts_on)
-    params = [tokens, counter_id, room, key.limit_id, key.period, starts_on]
+    params = [tokens, counter_id, room, key.limit_id, key.period, starts_on, key.unit]
     return bool(_run(db, "charge_key", params))
 
 
 def quota_record(key: Any, *, tokens: int) -> bool:
-    """Add ``tokens`` to a quota's counter, found by its key; False if it has no row yet."""
+    """Add ``tokens`` (or nano-dollars) to a quota's counter, found by its key; False if it
+    has no row yet."""
     db = _db()
     starts_on = _prep(db, QuotaCounter, "starts_on", value=key.starts_on)
-    return bool(_run(db, "record", [tokens, key.limit_id, key.period, starts_on]))
+    return bool(_run(db, "record", [tokens, key.limit_id, key.period, starts_on, key.unit]))
 
 
 def quota_refund(counter_ids: Sequence[int], *, tokens: int) -> None:
@@ -207,19 +209,23 @@ def reservation_insert(reservation: Reservation) -> None:
     reservation._state.adding = False
 
 
-def reservation_claim(reservation: Reservation, *, now: datetime, actual: int) -> int | None:
-    """Mark an open reservation settled with ``actual`` tokens; the tokens its row holds,
-    or None if it was settled already (by anyone)."""
+def reservation_claim(
+    reservation: Reservation, *, now: datetime, actual: int, actual_cost: int = 0
+) -> tuple[int, int] | None:
+    """Mark an open reservation settled with ``actual`` tokens costing ``actual_cost``
+    nano-dollars; the tokens and nano-dollars its row holds, or None if it was settled
+    already (by anyone)."""
     db = _db()
     params = [
         _prep(db, Reservation, "settled_at", value=now),
         actual,
+        actual_cost,
         False,
         reservation.pk,
         _prep(db, Reservation, "token", value=reservation.token),
     ]
     rows = _run(db, "claim", params)
-    return int(rows[0][0]) if rows else None
+    return (int(rows[0][0]), int(rows[0][1])) if rows else None
 
 
 def _aware(value: datetime | str | date) -> datetime:

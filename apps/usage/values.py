@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, fields
+from decimal import Decimal
 from typing import Any, Literal
 
 UsageSource = Literal["upstream", "counted"]
+NANOS_PER_USD = 1_000_000_000
+
+
+def nanos_of(usd: Decimal) -> int:
+    """A cost in whole nano-dollars, rounded up: what money budgets count (a reservation's
+    worst case and the actual cost are rounded alike, so one never falls below the
+    other)."""
+    return math.ceil(usd * NANOS_PER_USD)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -62,16 +72,27 @@ USAGE_COLUMNS = (
 
 @dataclass(frozen=True, kw_only=True)
 class LimitValues:
-    """The limits of a team or key, as ``Limit`` stores them; None: unlimited."""
+    """The limits of a team or key, as ``Limit`` stores them; None: unlimited (for
+    ``allowed_models``: any model)."""
 
     burst_tokens: int | None = None
     tokens_per_minute: int | None = None
     daily_tokens: int | None = None
     monthly_tokens: int | None = None
+    daily_usd: Decimal | None = None
+    monthly_usd: Decimal | None = None
     max_concurrent_streams: int | None = None
     max_tokens: int | None = None
+    allowed_models: list[str] | None = None
 
     @classmethod
     def of(cls, limit: object) -> LimitValues:
         """The values of a ``Limit`` row (or anything with its fields)."""
         return cls(**{field.name: getattr(limit, field.name) for field in fields(cls)})
+
+    def recorded(self) -> dict[str, Any]:
+        """As the audit log keeps them (JSON: money as strings)."""
+        return {
+            name: str(value) if isinstance(value, Decimal) else value
+            for name, value in asdict(self).items()
+        }

@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
@@ -23,7 +24,7 @@ from apps.accounts.selectors import Caller
 from apps.chat.models import Conversation
 from apps.chat.response_cache import response_cache_key
 from apps.chat.selectors import conversation_history
-from apps.chat.services.registry import ModelSpec, output_tokens_resolve
+from apps.chat.services.registry import ModelSpec, model_registry, output_tokens_resolve
 from apps.chat.services.request import AnswerRequest
 from apps.chat.services.routing import (
     auto_route,
@@ -44,6 +45,7 @@ from apps.usage.budgets import (
     models_permitted,
 )
 from apps.usage.models import Limit, Reservation
+from apps.usage.services import cost_of
 from inference import (
     SYSTEM_PROMPT,
     ChatMessage,
@@ -140,6 +142,8 @@ class _Admitted:
     candidates: list[ModelSpec]
     bare: Prompt
     held: int
+    cost: Decimal
+    """The most the held tokens may cost, at the dearest price that may serve them."""
     reservation: Reservation | None
     started: float
 
@@ -153,7 +157,8 @@ def _admit(request: AnswerRequest, *, hold: bool = True) -> _Admitted:
     messages and how long (before any count), and fitting takes O(log n) counts of at
     most the window's worth of characters (``MAX_CHARS_PER_TOKEN`` a token)."""
     conversation, history = _history(request)
-    limits = limits_cache.get(team=request.caller.team, api_key=request.caller.api_key)
+    caller = request.caller
+    limits = limits_cache.get(team=caller.team, api_key=caller.api_key, tag=caller.tag)
     cap = max_tokens_cap(limits=limits)
     candidates = models_permitting(list(request.model.candidates), models_permitted(limits=limits))
     candidates = models_allowing(candidates, max_tokens=request.max_tokens, cap=cap)
@@ -161,10 +166,25 @@ def _admit(request: AnswerRequest, *, hold: bool = True) -> _Admitted:
     started = time.monotonic()
     assemble = _Assembler(request, history=history, cap=cap)
     spec, bare = first_fitting(candidates, assemble)
-    held = bare.prompt_tokens + assemble.output_tokens(spec)
-    reservation = _reserve(request.caller, tokens=held, limits=limits) if hold else None
     remaining = candidates[candidates.index(spec) :]
-    return _Admitted(request, conversation, assemble, remaining, bare, held, reservation, started)
+    held = bare.prompt_tokens + assemble.output_tokens(spec)
+    cost = max(
+        worst_cost(c, prompt=bare.prompt_tokens, output=assemble.output_tokens(c))
+        for c in remaining
+    )
+    reservation = _reserve(caller, tokens=held, cost=cost, limits=limits) if hold else None
+    return _Admitted(
+        request, conversation, assemble, remaining, bare, held, cost, reservation, started
+    )
+
+
+def worst_cost(spec: ModelSpec, *, prompt: int, output: int) -> Decimal:
+    """The most ``prompt`` tokens and ``output`` more may cost if ``spec`` serves them: at
+    the dearest price of its alias and every alias it falls back to."""
+    return max(
+        cost_of(model=entry.alias, prompt=prompt, cached=0, completion=output, price=entry.price)
+        for entry in model_registry().chain(spec.alias)
+    )
 
 
 def _ground(admitted: _Admitted) -> PreparedAnswer:
@@ -178,7 +198,8 @@ def _ground(admitted: _Admitted) -> PreparedAnswer:
     metrics.RETRIEVAL.observe(time.monotonic() - admitted.started)
     if admitted.reservation is not None:
         extra = prompt.prompt_tokens + output_tokens - admitted.held
-        budget_extend(reservation=admitted.reservation, tokens=extra)
+        cost = worst_cost(spec, prompt=prompt.prompt_tokens, output=output_tokens)
+        budget_extend(reservation=admitted.reservation, tokens=extra, cost=cost - admitted.cost)
     history = assemble.history
     return PreparedAnswer(
         caller=request.caller,
@@ -254,15 +275,18 @@ class _Assembler:
             raise
 
 
-def _reserve(caller: Caller, *, tokens: int, limits: list[Limit]) -> Reservation | None:
-    """``tokens`` held against every one of ``limits``, or 429. A caller with no limits at
-    all has nothing to hold: no reservation, no write."""
+def _reserve(
+    caller: Caller, *, tokens: int, cost: Decimal, limits: list[Limit]
+) -> Reservation | None:
+    """``tokens`` costing at most ``cost`` held against every one of ``limits``, or 429. A
+    caller with no limits at all has nothing to hold: no reservation, no write."""
     if not limits:
         return None
     return budget_reserve(
         team=caller.team,
         api_key=caller.api_key,
         tokens=tokens,
+        cost=cost,
         limits=limits,
         defer_record=True,  # written with the message rows, while the tier prefills
     )

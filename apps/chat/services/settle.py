@@ -22,7 +22,7 @@ from apps.core.exceptions import ApplicationError
 from apps.core.ids import key_next
 from apps.usage.budgets import budget_settle, reservation_record
 from apps.usage.models import UsageRecord
-from apps.usage.services import usage_record_chat
+from apps.usage.services import usage_cost, usage_record_chat
 from apps.usage.values import Usage
 from inference import ModelEntry
 
@@ -133,10 +133,11 @@ def settlement_write(
         except ConversationGone:
             stored = False
     caller = prepared.caller
-    if prepared.reservation is not None:
-        budget_settle(reservation=prepared.reservation, actual=usage.total_tokens)
     error = ending.error
     served = ending.served
+    if prepared.reservation is not None:
+        cost = usage_cost(model=served.alias, usage=usage, price=served.price)
+        budget_settle(reservation=prepared.reservation, actual=usage.total_tokens, cost=cost)
     usage_record_chat(
         team=caller.team,
         api_key=caller.api_key,

@@ -28,7 +28,7 @@ from apps.core.exceptions import InvalidRequest, NotFound
 from apps.knowledge.services.indexing import embedder
 from apps.usage.budgets import budget_reserve, budget_settle, limits_cache
 from apps.usage.models import Reservation, UsageRecord
-from apps.usage.services import usage_record_embedding
+from apps.usage.services import embedding_cost, usage_record_embedding
 from retrieval import Embedder
 
 OPERATION = "embeddings"
@@ -129,13 +129,14 @@ def _tokens_check(loaded: Embedder, texts: Sequence[str]) -> int:
 def _reserve(*, caller: Caller, tokens: int) -> Reservation | None:
     """Hold ``tokens`` against the team's and key's period quotas (429 when they do not
     fit); None when no limit applies."""
-    limits = limits_cache.get(team=caller.team, api_key=caller.api_key)
+    limits = limits_cache.get(team=caller.team, api_key=caller.api_key, tag=caller.tag)
     if not limits:
         return None
     return budget_reserve(
         team=caller.team,
         api_key=caller.api_key,
         tokens=tokens,
+        cost=embedding_cost(model=embedder().model_name, tokens=tokens),
         kind=UsageRecord.Kind.EMBEDDING,
         limits=limits,
     )
@@ -166,7 +167,8 @@ def _charge(
 ) -> None:
     with transaction.atomic():  # the settlement and its ledger row, together
         if reservation is not None:
-            budget_settle(reservation=reservation, actual=tokens)
+            cost = embedding_cost(model=model.model_name, tokens=tokens)
+            budget_settle(reservation=reservation, actual=tokens, cost=cost)
         usage_record_embedding(
             team=caller.team,
             model=model.model_name,

@@ -21,7 +21,7 @@ from apps.knowledge.selectors import collection_list_readable
 from apps.knowledge.services.indexing import collection_index_load, embedder
 from apps.usage.budgets import budget_reserve, budget_settle, limits_cache
 from apps.usage.models import UsageRecord
-from apps.usage.services import usage_record_embedding
+from apps.usage.services import embedding_cost, usage_record_embedding
 from retrieval import (
     Hit,
     IndexCorrupted,
@@ -149,12 +149,14 @@ def _dense_search(
     model = embedder()
     # Held before embedding, like every other token: a team past its quota gets its 429
     # here, not free compute; settled to the exact count once the search has succeeded.
-    limits = limits_cache.get(team=caller.team, api_key=caller.api_key)
+    limits = limits_cache.get(team=caller.team, api_key=caller.api_key, tag=caller.tag)
+    tokens = model.count_embedding_tokens([query])
     reservation = (
         budget_reserve(
             team=caller.team,
             api_key=caller.api_key,
-            tokens=model.count_embedding_tokens([query]),
+            tokens=tokens,
+            cost=embedding_cost(model=model.model_name, tokens=tokens),
             kind=UsageRecord.Kind.EMBEDDING,
             limits=limits,
         )
@@ -174,7 +176,8 @@ def _dense_search(
         raise
     with transaction.atomic():  # the settlement and its ledger row, together
         if reservation is not None:
-            budget_settle(reservation=reservation, actual=embedded.token_count)
+            cost = embedding_cost(model=model.model_name, tokens=embedded.token_count)
+            budget_settle(reservation=reservation, actual=embedded.token_count, cost=cost)
         usage_record_embedding(
             team=caller.team,
             model=model.model_name,

@@ -35,7 +35,7 @@ from apps.knowledge.models import Chunk, Document
 from apps.knowledge.services.indexing import chunk_vectors, collection_index_append, embedder
 from apps.usage.budgets import RateLimited, budget_reserve, budget_settle
 from apps.usage.models import Reservation, UsageRecord
-from apps.usage.services import usage_record_embedding
+from apps.usage.services import embedding_cost, usage_record_embedding
 from retrieval import (
     DocumentTooLarge,
     ParsedDocument,
@@ -283,16 +283,22 @@ def _embedding_reserve(document: Document) -> bool:
             ):
                 tokens = _embedding_cost(locked)  # a batch landed meanwhile: count again
             locked.reservation = budget_reserve(
-                team=locked.team, api_key=None, tokens=tokens, kind=UsageRecord.Kind.EMBEDDING
+                team=locked.team,
+                api_key=None,
+                tokens=tokens,
+                cost=embedding_cost(model=embedder().model_name, tokens=tokens),
+                kind=UsageRecord.Kind.EMBEDDING,
+                tag=locked.tag,
             )
             locked.save(update_fields=["reservation", "updated_at"])
             return True
     except RateLimited as exc:
-        remaining = exc.headers.get("x-ratelimit-remaining-tokens", "?")
+        unit = "usd" if exc.code == "budget_exceeded" else "tokens"
+        remaining = exc.headers.get(f"x-ratelimit-remaining-{unit}", "?")
         document_fail(
             document_id=document.pk,
             error=f"{exc.code}: the team's embedding quota is spent (this document needs "
-            f"{tokens} tokens, {remaining} remain); "
+            f"{tokens} tokens; {remaining} {unit} remain); "
             f"retry in {exc.headers.get('Retry-After', '?')} s",
         )
         return False
@@ -330,7 +336,9 @@ def _settle(document: Document) -> None:
         return
     reservation = Reservation.objects.filter(pk=document.reservation_id).first()
     if reservation is not None:
-        budget_settle(reservation=reservation, actual=document.embedding_tokens)
+        tokens = document.embedding_tokens
+        cost = embedding_cost(model=embedder().model_name, tokens=tokens)
+        budget_settle(reservation=reservation, actual=tokens, cost=cost)
 
 
 @_failing_the_document

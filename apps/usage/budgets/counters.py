@@ -25,8 +25,8 @@ def counter_record(key: QuotaKey, actual: int) -> None:
 
 
 def counter_charge(quota: Quota, tokens: int, now: datetime) -> int:
-    """The database store: charge a quota's counter or refuse; one UPDATE when its id is
-    known."""
+    """The database store: charge a quota's counter ``tokens`` (a money budget's:
+    nano-dollars) or refuse; one UPDATE when its id is known."""
     room = quota.maximum - tokens
     known = _counter_ids.get(quota.key)
     # The key is checked too: a row of a rolled-back transaction may have left its id here.
@@ -45,11 +45,11 @@ def _counter(key: QuotaKey) -> QuotaCounter:
     try:
         with transaction.atomic():
             counter = QuotaCounter.objects.get_or_create(
-                limit_id=key.limit_id, period=key.period, starts_on=key.starts_on
+                limit_id=key.limit_id, period=key.period, starts_on=key.starts_on, unit=key.unit
             )[0]
     except IntegrityError:
         counter = QuotaCounter.objects.get(
-            limit_id=key.limit_id, period=key.period, starts_on=key.starts_on
+            limit_id=key.limit_id, period=key.period, starts_on=key.starts_on, unit=key.unit
         )
     if len(_counter_ids) > _COUNTER_IDS_KEPT:
         _counter_ids.clear()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import uuid
 from datetime import datetime
+from decimal import Decimal
 from zoneinfo import ZoneInfo
 
 from django.db import transaction
@@ -17,39 +18,50 @@ from apps.usage.budgets.holds import Hold, holds, reservation_buckets, reservati
 from apps.usage.budgets.refusals import refuse
 from apps.usage.budgets.reserve import redis_admit
 from apps.usage.limiters import LimiterUnavailable, Quota, QuotaKey, RedisLimiter, limiter
+from apps.usage.limits import limit_periods
 from apps.usage.models import Limit, QuotaCounter, Reservation
 from apps.usage.periods import period_bounds
+from apps.usage.values import nanos_of
 
 
-def budget_extend(*, reservation: Reservation, tokens: int, now: datetime | None = None) -> None:
-    """Hold ``tokens`` more on an open reservation, against the same buckets and quota
-    counters, all or nothing; raise 429 (the reservation unchanged) if they do not fit.
+def budget_extend(
+    *,
+    reservation: Reservation,
+    tokens: int,
+    cost: Decimal = Decimal(0),
+    now: datetime | None = None,
+) -> None:
+    """Hold ``tokens`` more, costing ``cost`` USD more, on an open reservation, against the
+    same buckets, quota counters and money budgets, all or nothing; raise 429 (the
+    reservation unchanged) if they do not fit.
 
     A reservation past its expiry cannot grow: its holder is presumed gone, and Redis has
     already dropped its hold, so an extension checked against what is left would let its
     settlement charge the whole reservation past the quota."""
-    if tokens <= 0:
+    tokens, nanos = max(tokens, 0), max(nanos_of(cost), 0)
+    if not tokens and not nanos:
         return
     now = now or timezone.now()
     if reservation.expires_at <= now:
         raise InvalidRequest("the reservation has expired")
     if reservation.store == Reservation.Store.REDIS:
-        _extend_remote(reservation, tokens, now)
+        _extend_remote(reservation, tokens, nanos, now)
         return
     store = limiter(reservation.store)
     buckets = reservation_buckets(reservation)
     with transaction.atomic():
-        counters = QuotaCounter.objects.filter(pk__in=reservation.counters)
-        for counter in counters.select_related("limit"):
-            key = QuotaKey(counter.limit_id, counter.period, counter.starts_on)
+        ids = [*reservation.counters, *reservation.cost_counters]
+        for counter in QuotaCounter.objects.filter(pk__in=ids).select_related("limit"):
+            key = QuotaKey(counter.limit_id, counter.period, counter.starts_on, counter.unit)
             quota = _quota_of(counter.limit, key, reservation=reservation, now=now)
+            more = quota.amount(tokens=tokens, nanos=nanos) if quota is not None else 0
             if quota is not None and not QuotaCounter.objects.filter(
-                pk=counter.pk, used__lte=quota.maximum - tokens
-            ).update(used=F("used") + tokens):
+                pk=counter.pk, used__lte=quota.maximum - more
+            ).update(used=F("used") + more):
                 counter.refresh_from_db(fields=["used"])
                 refuse(quota.refusal(counter.used, now))
         moved = Reservation.objects.filter(pk=reservation.pk, settled_at__isnull=True).update(
-            tokens=F("tokens") + tokens
+            tokens=F("tokens") + tokens, cost_nanos=F("cost_nanos") + nanos
         )
         if not moved:
             raise InvalidRequest("the reservation is already settled")
@@ -59,9 +71,10 @@ def budget_extend(*, reservation: Reservation, tokens: int, now: datetime | None
         if refusal is not None:
             refuse(refusal)
     reservation.tokens += tokens
+    reservation.cost_nanos += nanos
 
 
-def _extend_remote(reservation: Reservation, tokens: int, now: datetime) -> None:
+def _extend_remote(reservation: Reservation, tokens: int, nanos: int, now: datetime) -> None:
     store = limiter(Reservation.Store.REDIS)
     assert isinstance(store, RedisLimiter)  # noqa: S101 - limiter("redis") is one
     held = holds.get(reservation.token)
@@ -78,6 +91,7 @@ def _extend_remote(reservation: Reservation, tokens: int, now: datetime) -> None
         token=reservation.token,
         held=extension,
         tokens=tokens,
+        nanos=nanos,
         now=now,
         expires_at=reservation.expires_at,
     )
@@ -86,13 +100,14 @@ def _extend_remote(reservation: Reservation, tokens: int, now: datetime) -> None
     try:
         if held.deferred:  # the row is this object until written
             reservation.tokens += tokens
+            reservation.cost_nanos += nanos
             if held.written:
                 Reservation.objects.filter(pk=reservation.pk, settled_at__isnull=True).update(
-                    tokens=reservation.tokens
+                    tokens=reservation.tokens, cost_nanos=reservation.cost_nanos
                 )
             return
         if not Reservation.objects.filter(pk=reservation.pk, settled_at__isnull=True).update(
-            tokens=F("tokens") + tokens
+            tokens=F("tokens") + tokens, cost_nanos=F("cost_nanos") + nanos
         ):
             raise InvalidRequest("the reservation is already settled")
     except BaseException:
@@ -104,17 +119,25 @@ def _extend_remote(reservation: Reservation, tokens: int, now: datetime) -> None
             )
         raise
     reservation.tokens += tokens
+    reservation.cost_nanos += nanos
 
 
 def _quota_of(
     limit: Limit, key: QuotaKey, *, reservation: Reservation, now: datetime
 ) -> Quota | None:
     """The quota ``key`` of ``limit`` counts against; None if the limit was lifted."""
-    maximum = limit.daily_tokens if key.period == "day" else limit.monthly_tokens
+    maximum = next(
+        (
+            most
+            for period, unit, most in limit_periods(limit)
+            if (period, unit) == (key.period, key.unit)
+        ),
+        None,
+    )
     if maximum is None:
         return None
     _, resets_at = period_bounds(key.period, now, ZoneInfo(reservation.team.time_zone))
-    return Quota(key, int(maximum), "key" if limit.api_key_id else "team", resets_at)
+    return Quota(key, maximum, "key" if limit.api_key_id else "team", resets_at)
 
 
 def _quotas_of(reservation: Reservation, now: datetime) -> list[Quota]:

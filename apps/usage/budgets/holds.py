@@ -50,5 +50,6 @@ def reservation_slots(reservation: Reservation) -> list[Slot]:
 
 
 def reservation_quota_keys(reservation: Reservation) -> list[QuotaKey]:
-    """The quotas a Redis reservation charged in Redis (by name)."""
-    return [quota_key(name) for name in reservation.counters if isinstance(name, str)]
+    """The quotas (and money budgets) a Redis reservation charged in Redis (by name)."""
+    names = [*reservation.counters, *reservation.cost_counters]
+    return [quota_key(name) for name in names if isinstance(name, str)]

@@ -4,7 +4,9 @@ job that releases what crashed processes left held and reconciles Redis with the
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from datetime import datetime, timedelta
+from decimal import Decimal
 from typing import cast
 
 from django.db import transaction
@@ -21,14 +23,22 @@ from apps.usage.budgets.holds import (
     reservation_quota_keys,
     reservation_slots,
 )
-from apps.usage.limiters import LimiterUnavailable, QuotaKey, RedisLimiter, limiter
+from apps.usage.limiters import USD, LimiterUnavailable, QuotaKey, RedisLimiter, limiter
 from apps.usage.models import QuotaCounter, Reservation
+from apps.usage.values import nanos_of
 
 logger = logging.getLogger(__name__)
 
 
-def budget_settle(*, reservation: Reservation, actual: int, now: datetime | None = None) -> None:
-    """Replace the reservation with ``actual`` tokens: refund (or charge) the difference.
+def budget_settle(
+    *,
+    reservation: Reservation,
+    actual: int,
+    cost: Decimal = Decimal(0),
+    now: datetime | None = None,
+) -> None:
+    """Replace the reservation with ``actual`` tokens costing ``cost`` USD: refund (or
+    charge) the difference.
 
     Exactly once: a settled reservation is left alone. Call inside the transaction that
     writes the usage row; outside one, it commits with the settlements of other threads
@@ -36,23 +46,26 @@ def budget_settle(*, reservation: Reservation, actual: int, now: datetime | None
     written yet is written here first; its Redis refund runs in the same transaction
     (marked pending if Redis is down, for the periodic job to retry).
     """
-    budget_writer.run(_settle, reservation, actual, now or timezone.now())
+    budget_writer.run(_settle, reservation, actual, nanos_of(cost), now or timezone.now())
 
 
-def _settle(reservation: Reservation, actual: int, now: datetime) -> None:
+def _settle(reservation: Reservation, actual: int, nanos: int, now: datetime) -> None:
     """Called through the one writer, in a savepoint of its own (all or nothing)."""
     held = holds.get(reservation.token)
     remote = reservation.store != Reservation.Store.DATABASE
     if held is not None and held.deferred:
         statements.reservation_insert(reservation)
-    tokens = statements.reservation_claim(reservation, now=now, actual=actual)
-    if tokens is None:
+    claimed = statements.reservation_claim(reservation, now=now, actual=actual, actual_cost=nanos)
+    if claimed is None:
         return
+    tokens, cost_nanos = claimed
     difference = tokens - actual
     # Counters charged at admission (by id: the database store, and Redis reservations
     # from before Redis counted quotas) give the difference back.
     charged = [c for c in reservation.counters if isinstance(c, int)]
     statements.quota_refund(charged, tokens=difference)
+    costed = [c for c in reservation.cost_counters if isinstance(c, int)]
+    statements.quota_refund(costed, tokens=cost_nanos - nanos)
     if not remote:
         limiter("database").release(
             token=reservation.token,
@@ -65,19 +78,29 @@ def _settle(reservation: Reservation, actual: int, now: datetime) -> None:
         # Under the counters' row locks until commit, so the periodic reconciliation
         # sees this settlement in both places or in neither.
         for key in reservation_quota_keys(reservation):
-            counter_record(key, actual)
-        if not _release_remote(reservation, held, difference=difference, actual=actual, now=now):
+            counter_record(key, nanos if key.unit == USD else actual)
+        used = Used(tokens=actual, nanos=nanos)
+        if not _release_remote(reservation, held, difference=difference, used=used, now=now):
             Reservation.objects.filter(pk=reservation.pk).update(remote_pending=True)
     if held is not None:
         held.settled = True
     metrics.SETTLEMENTS.labels(reservation.kind).inc()
 
 
+@dataclass(frozen=True, slots=True)
+class Used:
+    """What a settled reservation really used: tokens, and what they cost."""
+
+    tokens: int
+    nanos: int
+
+
 def _release_remote(
-    reservation: Reservation, held: Hold | None, *, difference: int, actual: int, now: datetime
+    reservation: Reservation, held: Hold | None, *, difference: int, used: Used, now: datetime
 ) -> bool:
     """Give a settled reservation's tokens and slot back to Redis and turn its quota holds
-    into ``actual``; False if Redis is down. Redis does this once per reservation only."""
+    into what was ``used``; False if Redis is down. Redis does this once per reservation
+    only."""
     try:
         cast(RedisLimiter, limiter(Reservation.Store.REDIS)).release(
             token=reservation.token,
@@ -86,7 +109,8 @@ def _release_remote(
             difference=difference,
             now=now,
             quotas=reservation_quota_keys(reservation),
-            actual=actual,
+            actual=used.tokens,
+            actual_nanos=used.nanos,
         )
     except LimiterUnavailable as exc:
         logger.warning("reservation %s: Redis refund deferred: %s", reservation.pk, exc)
@@ -105,11 +129,12 @@ def reservations_release_expired(*, now: datetime | None = None) -> int:
         released += 1
     for reservation in Reservation.objects.filter(remote_pending=True):
         actual = int(reservation.actual_tokens or 0)
+        used = Used(tokens=actual, nanos=int(reservation.actual_cost_nanos or 0))
         if not _release_remote(
             reservation,
             None,
             difference=reservation.tokens - actual,
-            actual=actual,
+            used=used,
             now=reservation.settled_at or now,
         ):
             break  # still down: the next run tries again
@@ -136,7 +161,7 @@ def quotas_reconcile(*, now: datetime | None = None) -> int:
     for counter_id in recent.values_list("pk", flat=True):
         with transaction.atomic():
             counter = QuotaCounter.objects.select_for_update().get(pk=counter_id)
-            key = QuotaKey(counter.limit_id, counter.period, counter.starts_on)
+            key = QuotaKey(counter.limit_id, counter.period, counter.starts_on, counter.unit)
             try:
                 store.quota_used(key, now, record=counter.used)
             except LimiterUnavailable as exc:

@@ -16,6 +16,8 @@ from django.conf import settings
 
 from apps.usage.limiters.base import (
     CONCURRENCY_RETRY_SECONDS,
+    TOKENS,
+    USD,
     Bucket,
     Limiter,
     LimiterUnavailable,
@@ -34,6 +36,8 @@ from apps.usage.limiters.redis import RedisLimiter, redis_limiter
 
 __all__ = [
     "CONCURRENCY_RETRY_SECONDS",
+    "TOKENS",
+    "USD",
     "Bucket",
     "DatabaseLimiter",
     "Limiter",

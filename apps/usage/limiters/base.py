@@ -11,8 +11,11 @@ from datetime import date, datetime, timedelta
 from typing import Protocol
 
 from apps.usage.models import Limit
+from apps.usage.values import NANOS_PER_USD
 
 CONCURRENCY_RETRY_SECONDS = 1
+TOKENS, USD = "tokens", "usd"
+"""What a quota counts: tokens, or the cost of what was used, in nano-dollars."""
 
 
 @dataclass(frozen=True)
@@ -42,13 +45,17 @@ class Refusal:
     unit: str = "tokens"
 
     def headers(self) -> dict[str, str]:
-        """``Retry-After`` and the ``x-ratelimit-*`` headers of the 429 it becomes."""
+        """``Retry-After`` and the ``x-ratelimit-*`` headers of the 429 it becomes (a money
+        budget's in dollars)."""
         return {
             "Retry-After": str(self.retry_after),
-            f"x-ratelimit-limit-{self.unit}": str(self.limit),
-            f"x-ratelimit-remaining-{self.unit}": str(self.remaining),
+            f"x-ratelimit-limit-{self.unit}": self._shown(self.limit),
+            f"x-ratelimit-remaining-{self.unit}": self._shown(self.remaining),
             f"x-ratelimit-reset-{self.unit}": f"{self.retry_after}s",
         }
+
+    def _shown(self, amount: int) -> str:
+        return f"{amount / NANOS_PER_USD:.6f}" if self.unit == USD else str(amount)
 
 
 @dataclass(frozen=True)
@@ -58,6 +65,20 @@ class QuotaKey:
     limit_id: int
     period: str  # "day" or "month"
     starts_on: date
+    unit: str = TOKENS
+
+    @property
+    def name(self) -> str:
+        """How a Redis reservation names it (its ``counters``, ``cost_counters``) and
+        Redis keys it: the counter's row may not exist until something settles on it."""
+        name = f"{self.limit_id}:{self.period}:{self.starts_on.isoformat()}"
+        return name if self.unit == TOKENS else f"{name}:{self.unit}"
+
+    @classmethod
+    def named(cls, name: str) -> QuotaKey:
+        """The quota a :attr:`name` names."""
+        limit_id, period, starts_on, *unit = name.split(":")
+        return cls(int(limit_id), period, date.fromisoformat(starts_on), *unit)
 
 
 @dataclass(frozen=True)
@@ -70,7 +91,13 @@ class Quota:
     def refusal(self, used: int, now: datetime) -> Refusal:
         retry = math.ceil((self.resets_at - now).total_seconds())
         remaining = max(0, self.maximum - used)
+        if self.key.unit == USD:
+            return Refusal("budget_exceeded", self.maximum, remaining, retry, USD)
         return Refusal(f"{self.scope}_quota_exceeded", self.maximum, remaining, retry)
+
+    def amount(self, *, tokens: int, nanos: int) -> int:
+        """What a request holding ``tokens`` costing ``nanos`` charges this quota."""
+        return nanos if self.key.unit == USD else tokens
 
 
 class LimiterUnavailable(Exception):

@@ -22,6 +22,7 @@ import redis
 from django.conf import settings
 
 from apps.usage.limiters.base import (
+    USD,
     Bucket,
     LimiterUnavailable,
     Quota,
@@ -86,7 +87,8 @@ end
 
 # KEYS: buckets, slots, then a (hash, holds) pair per quota. ARGV: now, tokens, #buckets,
 # member, slot ttl ms, #slots, capacity and rate per bucket, maximum per slot, then
-# maximum, key ttl ms and the hold's expiry (ms) per quota. Quotas are checked first,
+# maximum, key ttl ms, the hold's expiry (ms) and the amount held (tokens, or a money
+# budget's nano-dollars) per quota. Quotas are checked first,
 # then buckets, then slots; nothing is charged unless all fit. Returns {0} when admitted,
 # {1, i, level} when bucket i is short, {2, j} when slot j is full, {3, k} when quota k
 # is not seeded, {4, k, used} when quota k is short. Extending a hold is the same call
@@ -104,7 +106,7 @@ for k = 1, nq do
   if redis.call('HEXISTS', q, 'base') == 0 then return {3, k} end
   expire_holds(q, z, now)
   local u = used(q)
-  if u + tokens > tonumber(ARGV[qa + 3 * k - 2]) then return {4, k, u} end
+  if u + tonumber(ARGV[qa + 4 * k]) > tonumber(ARGV[qa + 4 * k - 3]) then return {4, k, u} end
 end
 local levels, ats = {}, {}
 for i = 1, nb do
@@ -126,10 +128,11 @@ for j = 1, ns do
   redis.call('PEXPIRE', KEYS[nb + j], ttl)
 end
 for k = 1, nq do
-  local q, z, keep = KEYS[qk + 2 * k - 1], KEYS[qk + 2 * k], tonumber(ARGV[qa + 3 * k - 1])
-  redis.call('HINCRBY', q, 'held', tokens)
-  redis.call('HINCRBY', q, 'h:' .. member, tokens)
-  redis.call('ZADD', z, ARGV[qa + 3 * k], member)
+  local q, z, keep = KEYS[qk + 2 * k - 1], KEYS[qk + 2 * k], tonumber(ARGV[qa + 4 * k - 2])
+  local amount = tonumber(ARGV[qa + 4 * k])
+  redis.call('HINCRBY', q, 'held', amount)
+  redis.call('HINCRBY', q, 'h:' .. member, amount)
+  redis.call('ZADD', z, ARGV[qa + 4 * k - 1], member)
   redis.call('PEXPIRE', q, keep)
   redis.call('PEXPIRE', z, keep)
 end
@@ -139,8 +142,9 @@ return {0}
 
 # KEYS: the once-only marker, buckets, slots, then a (hash, holds) pair per quota. ARGV:
 # now, difference, #buckets, member, marker ttl ms, #slots, capacity and rate per bucket,
-# then the tokens actually used. The member's holds go; what it used joins each quota's
-# base (a quota missing from Redis is seeded later from the database, which has it).
+# then what was actually used per quota (tokens, or nano-dollars). The member's holds go;
+# what it used joins each quota's base (a quota missing from Redis is seeded later from
+# the database, which has it).
 # Returns 0 if already released.
 _LUA_RELEASE = (
     _LUA_REFILL
@@ -154,9 +158,10 @@ for i = 1, nb do
   store(KEYS[i + 1], math.min(level + difference, capacity), at, capacity, rate)
 end
 for j = 1, ns do redis.call('ZREM', KEYS[nb + 1 + j], member) end
-local actual, qk = tonumber(ARGV[7 + 2 * nb]), nb + ns + 1
+local qk = nb + ns + 1
 for k = qk + 1, #KEYS, 2 do
   local q, z = KEYS[k], KEYS[k + 1]
+  local actual = tonumber(ARGV[6 + 2 * nb + (k - qk + 1) / 2])
   if redis.call('HEXISTS', q, 'base') == 1 then
     local held = redis.call('HGET', q, 'h:' .. member)
     if held then
@@ -247,9 +252,11 @@ class RedisLimiter:
         tokens: int,
         now: datetime,
         expires_at: datetime | None = None,
+        nanos: int = 0,
     ) -> Refusal | None:
         """Quotas, buckets and slots in one script, all or nothing: None when admitted,
-        else the first refusal. Raises :class:`QuotaUnseeded`. The quota
+        else the first refusal (a money budget is charged ``nanos``, the rest ``tokens``).
+        Raises :class:`QuotaUnseeded`. The quota
         holds expire at ``expires_at`` (the reservation's expiry; by default, the slots'
         ttl from now). With no slots and a held ``token``, this extends its hold."""
         hold_expiry = _ms(expires_at or now + timedelta(milliseconds=_ttl_ms()))
@@ -260,7 +267,8 @@ class RedisLimiter:
         args += [slot.maximum for slot in slots]
         for quota in quotas:
             keys += self._quota_keys(quota.key)
-            args += [quota.maximum, _keep_ms(quota, now), hold_expiry]
+            amount = quota.amount(tokens=tokens, nanos=nanos)
+            args += [quota.maximum, _keep_ms(quota, now), hold_expiry, amount]
         result: list[int] = self._call(self._admit, keys, args)
         if result[0] == 1:
             return bucket_refusal(buckets[result[1] - 1], int(result[2]), tokens)
@@ -282,17 +290,19 @@ class RedisLimiter:
         now: datetime,
         quotas: list[QuotaKey] | None = None,
         actual: int = 0,
+        actual_nanos: int = 0,
     ) -> None:
-        """Also: the token's quota holds go and ``actual`` joins each quota's base."""
+        """Also: the token's quota holds go and what was used (``actual`` tokens, or
+        ``actual_nanos`` for a money budget) joins each quota's base."""
         keys = [f"{self.prefix}released:{token}"]
         keys += [self._bucket_key(b) for b in buckets] + [self._slot_key(s) for s in slots]
         args: list[Any] = [_ms(now), difference, len(buckets), str(token), 2 * _ttl_ms()]
         args.append(len(slots))
         for bucket in buckets:
             args += [bucket.capacity, bucket.rate]
-        args.append(actual)
         for key in quotas or []:
             keys += self._quota_keys(key)
+            args.append(actual_nanos if key.unit == USD else actual)
         self._call(self._release, keys, args)
 
     def available(self, bucket: Bucket, now: datetime) -> int:
@@ -322,7 +332,7 @@ class RedisLimiter:
         return None if used is None else int(used)
 
     def _quota_keys(self, key: QuotaKey) -> list[str]:
-        name = f"{self.prefix}quota:{key.limit_id}:{key.period}:{key.starts_on.isoformat()}"
+        name = f"{self.prefix}quota:{key.name}"
         return [name, f"{name}:holds"]
 
     def _bucket_key(self, bucket: Bucket) -> str:

@@ -3,6 +3,7 @@ narrow the team's); members read those of their own keys. Every change is audite
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -24,6 +25,9 @@ UNLIMITED = dict.fromkeys(
         "monthly_tokens",
         "max_concurrent_streams",
         "max_tokens",
+        "daily_usd",
+        "monthly_usd",
+        "allowed_models",
     ]
 )
 
@@ -104,3 +108,44 @@ def test_limits_are_validated(team: Team, django_user_model: Any) -> None:
     )
     assert response.status_code == 400
     assert response.json()["error"]["param"] == "daily_tokens"
+
+
+def test_a_keys_money_budget_and_models_are_set_through_the_api(
+    team: Team, django_user_model: Any
+) -> None:
+    manager = user_with(team, Membership.Role.OWNER, django_user_model)
+    key = api_key_create(team=team, scopes=["chat", "read"], user=manager)
+    path = f"/api/v1/keys/{key.api_key.prefix}/limits"
+    client = session_of(manager)
+    body = {"daily_usd": "1.5", "monthly_usd": 30, "allowed_models": ["small"]}
+    response = client.put(path, body, format="json")
+    assert response.status_code == 200, response.json()
+    assert response.json() == {
+        **UNLIMITED,
+        "daily_usd": "1.500000",
+        "monthly_usd": "30.000000",
+        "allowed_models": ["small"],
+    }
+    limit = Limit.objects.get(api_key=key.api_key)
+    assert (limit.daily_usd, limit.allowed_models) == (Decimal("1.5"), ["small"])
+    event = AuditEvent.objects.filter(action="limit.created").get()
+    assert event.detail["after"]["daily_usd"] == "1.500000"
+    quota = client_for(key.secret).get("/api/v1/quota").json()
+    (entry,) = [e for e in quota["limits"] if e["scope"] == f"key {key.api_key.prefix}"]
+    assert entry["day_usd"]["limit"] == entry["day_usd"]["remaining"] == "1.500000"
+
+
+@pytest.mark.parametrize(
+    "body", [{"allowed_models": ["huge"]}, {"daily_usd": -1}, {"monthly_usd": "lots"}]
+)
+def test_a_keys_limits_refuse_unknown_models_and_bad_amounts(
+    body: dict[str, Any], team: Team, django_user_model: Any
+) -> None:
+    manager = user_with(team, Membership.Role.OWNER, django_user_model)
+    key = api_key_create(team=team, scopes=["chat", "read"], user=manager)
+    response = session_of(manager).put(
+        f"/api/v1/keys/{key.api_key.prefix}/limits", body, format="json"
+    )
+    assert response.status_code == 400, response.json()
+    assert response.json()["error"]["param"] == next(iter(body))
+    assert not Limit.objects.filter(api_key=key.api_key).exists()

@@ -114,10 +114,11 @@ def test_a_reservation_is_inserted_claimed_once_and_read_back(team: Team) -> Non
         T0 + timedelta(minutes=10),
         None,
     )
-    assert statements.reservation_claim(made, now=T0, actual=42) == 100
+    assert statements.reservation_claim(made, now=T0, actual=42, actual_cost=9) == (100, 0)
     assert statements.reservation_claim(made, now=T0, actual=43) is None
     stored.refresh_from_db()
     assert (stored.settled_at, stored.actual_tokens, stored.remote_pending) == (T0, 42, False)
+    assert stored.actual_cost_nanos == 9
 
 
 @pytest.mark.django_db
