@@ -33,7 +33,12 @@ class FakePowercap:
         return self.root / f"intel-rapl:{package}" / "energy_uj"
 
     def set(self, microjoules: int, *, package: int = 0) -> None:
-        self.counter(package).write_text(f"{microjoules}\n")
+        """Written whole at once (as the kernel answers a read), never seen half-written
+        by a meter reading it from another thread."""
+        path = self.counter(package)
+        spare = path.with_name("energy_uj.new")
+        spare.write_text(f"{microjoules}\n")
+        spare.replace(path)
 
     def add(self, microjoules: int, *, package: int = 0) -> None:
         """The counter moves on by ``microjoules``, wrapping as RAPL's does."""

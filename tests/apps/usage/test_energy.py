@@ -37,3 +37,13 @@ def test_unmeasured_rows_are_estimated_from_the_table(team: Team, settings: Any)
     assert entry.energy_wh == pytest.approx(2.0)  # the registry entry's figure first
     embedding = usage_record_embedding(team=team, model="minilm", tokens=2000, operation="query")
     assert (embedding.energy_source, embedding.energy_wh) == ("estimated", pytest.approx(1.0))
+
+
+def test_an_energy_source_that_names_none_stops_manage_commands(settings: Any) -> None:
+    from django.core.management import call_command
+    from django.core.management.base import SystemCheckError
+
+    call_command("check")
+    settings.ENERGY_SOURCE = "watts"
+    with pytest.raises(SystemCheckError, match=r"usage\.E001"):
+        call_command("check")
