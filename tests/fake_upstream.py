@@ -14,7 +14,7 @@ import asyncio
 import json
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -92,6 +92,8 @@ class FakeUpstream:
     base_url: str = ""
     prefixes: set[tuple[str | None, str]] = field(default_factory=set)
     """What ``Script.prefix_cache`` has cached: (cache salt, the messages before the last)."""
+    on_request: Callable[[dict[str, Any]], None] | None = None
+    """Called with each chat request's body as it arrives (a test moves a fake counter)."""
     _failures: int = 0
 
     def app(self) -> Starlette:
@@ -121,6 +123,8 @@ class FakeUpstream:
             return refused
         body = await request.json()
         self.requests.append(body)
+        if self.on_request is not None:
+            self.on_request(body)
         self.ports.append(request.client.port if request.client else 0)
         script = self.script
         if script.fail_status and self._failures < script.fail_times:

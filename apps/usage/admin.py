@@ -78,9 +78,20 @@ class UsageRecordAdmin(admin.ModelAdmin[UsageRecord]):
         "prompt_tokens",
         "cached_tokens",
         "completion_tokens",
+        "energy_wh",
+        "energy_source",
         "status",
     ]
-    list_filter = ["kind", "status", "team", "tag", "model", "requested_model", "upstream"]
+    list_filter = [
+        "kind",
+        "status",
+        "team",
+        "tag",
+        "model",
+        "requested_model",
+        "upstream",
+        "energy_source",
+    ]
     date_hierarchy = "created_at"
 
     def has_add_permission(self, request: HttpRequest) -> bool:

@@ -1,5 +1,6 @@
 """What the usage pages show (the team's page at /usage and the admin's per team): tokens
-per day by kind as a chart drawn server side, its numbers, and the quotas left."""
+per day by kind as a chart drawn server side, its numbers, the share of answers that ran
+near the window limit, and the quotas left."""
 
 from __future__ import annotations
 
@@ -8,10 +9,12 @@ from datetime import timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
+from django.conf import settings
 from django.utils import timezone
 
 from apps.accounts.models import ApiKey, Team
 from apps.usage.charts import PALETTE, ChartPoint, Series, stacked_bar_chart
+from apps.usage.saturation import context_saturation
 from apps.usage.selectors import quota_report, usage_daily_by_kind
 
 USAGE_DAYS = 30
@@ -83,6 +86,9 @@ def team_usage_page(*, team: Team, days: int) -> dict[str, Any]:
         "team_unlimited": team_quota["unlimited"],
         "team_quotas": [_quota_entry(entry) for entry in team_quota["limits"]],
         "key_quotas": key_quotas,
+        "saturation": context_saturation(
+            team=team, start=start, end=end, threshold=settings.USAGE_SATURATION_THRESHOLD
+        ),
     }
 
 

