@@ -74,13 +74,23 @@ class UsageRecordAdmin(admin.ModelAdmin[UsageRecord]):
         "operation",
         "model",
         "requested_model",
+        "route_reason",
         "upstream",
         "prompt_tokens",
         "cached_tokens",
         "completion_tokens",
         "status",
     ]
-    list_filter = ["kind", "status", "team", "tag", "model", "requested_model", "upstream"]
+    list_filter = [
+        "kind",
+        "status",
+        "team",
+        "tag",
+        "model",
+        "requested_model",
+        "route_reason",
+        "upstream",
+    ]
     date_hierarchy = "created_at"
 
     def has_add_permission(self, request: HttpRequest) -> bool:

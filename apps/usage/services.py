@@ -92,6 +92,7 @@ def usage_record_chat(
     api_key: ApiKey | None = None,
     user: User | None = None,
     requested_model: str = "",
+    route_reason: str = "",
     upstream: str = "",
     price: Price | None = None,
     energy: float | None = None,
@@ -102,8 +103,8 @@ def usage_record_chat(
     cancel are billed like any others (``detached_unread_tokens`` of them made while the
     client was gone, and never read). ``model`` is the alias that served, priced at
     ``price`` and ``energy`` (Wh per 1000 tokens) when its registry entry has them;
-    ``requested_model`` the alias asked for; ``upstream`` the server (never shown to
-    callers)."""
+    ``requested_model`` the alias asked for, ``route_reason`` why ``model`` served it (a
+    short code); ``upstream`` the server (never shown to callers)."""
     return UsageRecord.objects.create(
         team=team,
         api_key=api_key,
@@ -111,6 +112,7 @@ def usage_record_chat(
         kind=UsageRecord.Kind.CHAT,
         model=model,
         requested_model=requested_model,
+        route_reason=route_reason,
         upstream=upstream,
         operation="answer",
         object_id=object_id,
