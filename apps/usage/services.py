@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict
 from decimal import Decimal
 
@@ -17,7 +18,7 @@ from apps.core.models import AuditEvent
 from apps.usage import metrics
 from apps.usage.models import Limit, UsageRecord
 from apps.usage.values import LimitValues, Usage
-from inference import Price
+from inference import Price, price_parse
 
 
 def price_of(model: str) -> Price:
@@ -28,6 +29,14 @@ def price_of(model: str) -> Price:
         cached_input=prices.get("cached_input"),
         output=prices.get("output", 0.0),
     )
+
+
+def alias_price(alias: str) -> Price:
+    """What the ledger charges for ``alias``'s tokens: its registry entry's ``price``
+    (``INFERENCE_MODELS``), else its row in ``MODEL_PRICES`` (see :func:`price_of`)."""
+    fields = settings.INFERENCE_MODELS.get(alias)
+    declared = price_parse(alias, fields.get("price")) if isinstance(fields, Mapping) else None
+    return declared or price_of(alias)
 
 
 def cost_of(
