@@ -149,3 +149,13 @@ def test_usage_report_by_tag_shows_what_always_large_would_have_cost(
     assert report_rows(team, "--group-by", "tag")["prod"]["always_large_usd"] == "0.002400"
     settings.ROUTER_COUNTERFACTUAL_ALIAS = "small"
     assert report_rows(team, "--group-by", "tag")["prod"]["always_small_usd"] == "0.002200"
+
+
+def test_the_default_prices_differ_per_alias_as_the_readme_derives_them() -> None:
+    """README, "Prices": ``large`` is ``small`` times the ratio of their parameters."""
+    from config.settings.usage import MODEL_PRICES
+
+    small, large = MODEL_PRICES["small"], MODEL_PRICES["large"]
+    ratio = 1.71e9 / 134.5e6
+    for field in ("input", "cached_input", "output"):
+        assert large[field] == pytest.approx(small[field] * ratio, rel=0.01)
