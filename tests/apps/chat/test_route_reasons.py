@@ -292,3 +292,25 @@ def test_the_admin_lists_and_filters_by_the_reason(admin_client: Client, team: T
     html = page.content.decode()
     assert "breaker" in html and "prompt_short" in html  # the filter offers both
     assert page.context["cl"].result_count == 1
+
+
+def test_through_the_real_llama_cpp_tier_auto_records_its_reasons(
+    llama_server: str, http: httpx.Client, settings: Any
+) -> None:
+    """SmolLM2 on llama.cpp serves both aliases, counted with its GGUF tokenizer: the same
+    prompt is short under one threshold and long under the next."""
+    entry = {
+        "upstreams": [llama_server],
+        "model": "SmolLM2-135M-Instruct",
+        "tokenizer": "gguf",
+        "context_window": 2048,
+        "max_output_tokens": 8,
+    }
+    settings.INFERENCE_MODELS = {"small": entry, "large": entry}
+    settings.ROUTER_SMALL_MAX_PROMPT_TOKENS = 1500
+    assert ask(http, "native", "Say hello.", model="auto", max_tokens=8) == "small"
+    settings.ROUTER_SMALL_MAX_PROMPT_TOKENS = 10
+    assert ask(http, "openai", "Say hello.", model="auto", max_tokens=8) == "large"
+    assert reasons() == [("small", "prompt_short"), ("large", "prompt_long")]
+    rows = UsageRecord.objects.filter(kind="chat")
+    assert all(row.status == "ok" and row.completion_tokens > 0 for row in rows)
