@@ -34,7 +34,7 @@ What is measured
 
 Run (from the repository root)
     .venv/bin/python bench/routing.py [--rounds 10] [--first-token-timeout 1.0]
-        [--cool-off 2.0] [--top-k 5] [--large-price-factor 10]
+        [--cool-off 2.0] [--top-k 5] [--large-price-factor 12.7]
 """
 
 from __future__ import annotations
@@ -236,7 +236,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--first-token-timeout", type=float, default=1.0)
     parser.add_argument("--cool-off", type=float, default=2.0)
     parser.add_argument("--top-k", type=int, default=5)
-    parser.add_argument("--large-price-factor", type=float, default=10.0)
+    # The default prices' ratio (README, "Prices": SmolLM2-1.7B over SmolLM2-135M).
+    parser.add_argument("--large-price-factor", type=float, default=12.7)
     args = parser.parse_args(argv)
 
     os.environ.setdefault("LOG_LEVEL", "ERROR")  # each fallback logs a warning

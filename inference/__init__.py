@@ -54,6 +54,7 @@ from inference.registry import (
     Registry,
     RegistryError,
     TokenizerSpec,
+    price_parse,
     registry_parse,
     rendezvous_order,
 )
@@ -132,6 +133,7 @@ __all__ = [
     "assemble_prompt",
     "escape_control_tokens",
     "load_tokenizer",
+    "price_parse",
     "registry_parse",
     "render_passages",
     "rendezvous_order",

@@ -52,7 +52,8 @@ class AllUpstreamsDown(InferenceUnavailable):
 
 class Failover:
     """The events of the first target that answers (see the module). ``served`` is the
-    target that produced the first event; ``current`` the one being tried."""
+    target that produced the first event; ``current`` the one being tried; ``tried`` every
+    target a request went to, in order (a target skipped with its circuit open is not)."""
 
     def __init__(
         self,
@@ -69,6 +70,7 @@ class Failover:
         self._index = 0
         self.current: Target = self.targets[0]
         self.served: Target | None = None
+        self.tried: list[Target] = []
 
     @property
     def target(self) -> Target:
@@ -110,6 +112,7 @@ class Failover:
         index = self._index
         while True:
             target = self.current = self.targets[index]
+            self.tried.append(target)
             last = index == len(self.targets) - 1
             started = False
             try:

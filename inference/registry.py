@@ -257,7 +257,7 @@ def _entry(alias: str, fields: object, *, data_dir: str | Path | None) -> ModelE
         max_concurrency=_positive(alias, fields, "max_concurrency"),
         fallback=fallback,
         api_key=_text(alias, fields, "api_key"),
-        price=_price(alias, fields.get("price")),
+        price=price_parse(alias, fields.get("price")),
         energy=_number(alias, "energy", fields.get("energy")),
         reasoning_opened=bool(fields.get("reasoning_opened", False)),
         server=str(fields.get("server", "other")),
@@ -296,7 +296,8 @@ def _number(alias: str, name: str, value: object) -> float | None:
     return float(value)
 
 
-def _price(alias: str, value: object) -> Price | None:
+def price_parse(alias: str, value: object) -> Price | None:
+    """An entry's ``price`` field (None: none given); :class:`RegistryError` naming it."""
     if value is None:
         return None
     if not isinstance(value, Mapping) or set(value) - PRICE_FIELDS:

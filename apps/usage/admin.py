@@ -74,6 +74,7 @@ class UsageRecordAdmin(admin.ModelAdmin[UsageRecord]):
         "operation",
         "model",
         "requested_model",
+        "route_reason",
         "upstream",
         "prompt_tokens",
         "cached_tokens",
@@ -89,6 +90,7 @@ class UsageRecordAdmin(admin.ModelAdmin[UsageRecord]):
         "tag",
         "model",
         "requested_model",
+        "route_reason",
         "upstream",
         "energy_source",
     ]

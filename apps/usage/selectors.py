@@ -8,7 +8,7 @@ from decimal import Decimal
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from django.db.models import Count, F, QuerySet, Sum
+from django.db.models import Aggregate, Count, F, Q, QuerySet, Sum
 from django.db.models.functions import TruncDate
 from django.utils import timezone
 
@@ -26,7 +26,9 @@ from apps.usage.limiters import (
 from apps.usage.limits import limit_periods, limits_of
 from apps.usage.models import Limit, QuotaCounter, Reservation, UsageRecord
 from apps.usage.periods import period_bounds
+from apps.usage.services import cost_of
 from apps.usage.values import NANOS_PER_USD, LimitValues
+from inference import Price
 
 GROUPS = {
     "day": "day",
@@ -36,6 +38,9 @@ GROUPS = {
     "tag": "tag",
 }
 TOKEN_FIELDS = ("prompt_tokens", "cached_tokens", "completion_tokens", "reasoning_tokens")
+ANSWERS = Q(kind=UsageRecord.Kind.CHAT, operation="answer")
+"""The rows a router chose a model for (not embeddings, nor summaries the small alias
+always makes)."""
 
 
 def usage_tokens_total(*, team: Team, kind: str | None = None) -> int:
@@ -53,10 +58,13 @@ def usage_report(
     end: date,
     group_by: str,
     api_keys: QuerySet[ApiKey] | None = None,
+    counterfactual: Price | None = None,
 ) -> dict[str, Any]:
     """Token sums, requests, cost and energy for ``[start, end]`` (whole days in the team's
-    time zone), grouped by day, model, key (public prefix) or kind; with ``api_keys``, of
-    those keys only (rows and total)."""
+    time zone), grouped by day, model, key (public prefix), kind or tag; with ``api_keys``,
+    of those keys only (rows and total). With ``counterfactual``, each row also has
+    ``counterfactual_usd``: its cost had every answer been priced at that price (the same
+    tokens; its other rows as they cost)."""
     zone = ZoneInfo(team.time_zone)
     since = datetime.combine(start, time.min, tzinfo=zone)
     until = datetime.combine(end + timedelta(days=1), time.min, tzinfo=zone)
@@ -65,22 +73,15 @@ def usage_report(
         records = records.filter(api_key__in=api_keys)
     if group_by == "day":
         records = records.annotate(day=TruncDate("created_at", tzinfo=zone))
-    sums = {name: Sum(name) for name in TOKEN_FIELDS}
+    sums = _sums(counterfactual is not None)
     rows = (
         records.annotate(group=F(GROUPS[group_by]))
         .values("group")
-        .annotate(**sums, requests=Count("pk"), cost=Sum("cost_usd"), energy=Sum("energy_wh"))
+        .annotate(**sums)
         .order_by("group")
     )
-    data = [_row(row) for row in rows]
-    total = _row(
-        {
-            "group": None,
-            **records.aggregate(
-                **sums, requests=Count("pk"), cost=Sum("cost_usd"), energy=Sum("energy_wh")
-            ),
-        }
-    )
+    data = [_row(row, counterfactual) for row in rows]
+    total = _row({"group": None, **records.aggregate(**sums)}, counterfactual)
     return {"start": start, "end": end, "group_by": group_by, "data": data, "total": total}
 
 
@@ -93,17 +94,49 @@ def usage_keys_shown(*, manager: KeyManager, group_by: str) -> QuerySet[ApiKey] 
     return api_key_list(manager=manager)
 
 
-def _row(row: Mapping[str, Any]) -> dict[str, Any]:
+def _sums(counterfactual: bool) -> dict[str, Aggregate]:
+    sums: dict[str, Aggregate] = {}
+    if counterfactual:  # first: a later sum named like a field shadows the field
+        sums |= {f"answer_{name}": Sum(name, filter=ANSWERS) for name in TOKEN_FIELDS}
+        sums["other_cost"] = Sum("cost_usd", filter=~ANSWERS)
+    sums |= {name: Sum(name) for name in TOKEN_FIELDS}
+    sums |= {"requests": Count("pk"), "cost": Sum("cost_usd"), "energy": Sum("energy_wh")}
+    return sums
+
+
+def _counterfactual_usd(row: Mapping[str, Any], price: Price) -> str:
+    """The answers' tokens at ``price``, plus what the other rows cost."""
+    answers = cost_of(
+        model="",
+        prompt=int(row.get("answer_prompt_tokens") or 0),
+        cached=int(row.get("answer_cached_tokens") or 0),
+        completion=int(row.get("answer_completion_tokens") or 0),
+        price=price,
+    )
+    return _usd(answers + (row.get("other_cost") or Decimal(0)))
+
+
+def _usd(amount: Decimal) -> str:
+    return str(amount.quantize(Decimal("1e-6")))
+
+
+def _row(row: Mapping[str, Any], counterfactual: Price | None = None) -> dict[str, Any]:
     tokens = {name: int(row.get(name) or 0) for name in TOKEN_FIELDS}
     group = row.get("group")
+    extra = (
+        {}
+        if counterfactual is None
+        else {"counterfactual_usd": _counterfactual_usd(row, counterfactual)}
+    )
     return {
         "group": group.isoformat() if isinstance(group, date) else group,
         **tokens,
         # Subsets are never added: cached sits inside prompt, reasoning inside completion.
         "total_tokens": tokens["prompt_tokens"] + tokens["completion_tokens"],
         "requests": int(row.get("requests") or 0),
-        "cost_usd": str((row.get("cost") or Decimal(0)).quantize(Decimal("1e-6"))),
+        "cost_usd": _usd(row.get("cost") or Decimal(0)),
         "energy_wh": round(float(row.get("energy") or 0.0), 4),
+        **extra,
     }
 
 

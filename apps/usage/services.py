@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict
 from decimal import Decimal
 from typing import Any
@@ -18,7 +19,7 @@ from apps.core.models import AuditEvent
 from apps.usage import metrics
 from apps.usage.models import Limit, UsageRecord
 from apps.usage.values import LimitValues, Usage
-from inference import Price
+from inference import Price, price_parse
 from inference.energy import ESTIMATED, Measured, energy_estimate
 
 
@@ -30,6 +31,14 @@ def price_of(model: str) -> Price:
         cached_input=prices.get("cached_input"),
         output=prices.get("output", 0.0),
     )
+
+
+def alias_price(alias: str) -> Price:
+    """What the ledger charges for ``alias``'s tokens: its registry entry's ``price``
+    (``INFERENCE_MODELS``), else its row in ``MODEL_PRICES`` (see :func:`price_of`)."""
+    fields = settings.INFERENCE_MODELS.get(alias)
+    declared = price_parse(alias, fields.get("price")) if isinstance(fields, Mapping) else None
+    return declared or price_of(alias)
 
 
 def cost_of(
@@ -122,6 +131,7 @@ def usage_record_chat(
     api_key: ApiKey | None = None,
     user: User | None = None,
     requested_model: str = "",
+    route_reason: str = "",
     upstream: str = "",
     price: Price | None = None,
     energy: float | None = None,
@@ -134,8 +144,8 @@ def usage_record_chat(
     client was gone, and never read). ``model`` is the alias that served, priced at
     ``price`` and ``energy`` (Wh per 1000 tokens) when its registry entry has them, its
     energy ``measured`` when a counter measured it (else estimated from ``energy``);
-    ``requested_model`` the alias asked for; ``upstream`` the server (never shown to
-    callers)."""
+    ``requested_model`` the alias asked for, ``route_reason`` why ``model`` served it (a
+    short code); ``upstream`` the server (never shown to callers)."""
     return UsageRecord.objects.create(
         team=team,
         api_key=api_key,
@@ -143,6 +153,7 @@ def usage_record_chat(
         kind=UsageRecord.Kind.CHAT,
         model=model,
         requested_model=requested_model,
+        route_reason=route_reason,
         upstream=upstream,
         operation="answer",
         object_id=object_id,

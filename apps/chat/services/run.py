@@ -43,6 +43,7 @@ from apps.chat.services.prefetch import Prefetched
 from apps.chat.services.prepare import PreparedAnswer, answer_prepare
 from apps.chat.services.registry import model_registry
 from apps.chat.services.request import AnswerRequest
+from apps.chat.services.routers import route_reason_served
 from apps.chat.services.settle import (
     AnswerKeys,
     ConversationGone,
@@ -235,6 +236,20 @@ class AnswerRun:
             return self.prepared.spec.entry
         return model_registry().get(self.failover.target.alias) or self.prepared.spec.entry
 
+    @property
+    def route_reason(self) -> str:
+        """Why :attr:`served` served: the routing's reason, or ``fallback`` / ``breaker``
+        when another alias than the one routed to did (:mod:`.routing`)."""
+        prepared, failover = self.prepared, self.failover
+        if failover is None:  # replayed from the response cache
+            return prepared.route_reason
+        return route_reason_served(
+            prepared.route_reason,
+            routed=prepared.spec.alias,
+            served=failover.target.alias,
+            tried=failover.tried,
+        )
+
     def request_ended(self, request: asyncio.Task[Any]) -> None:
         """The request's task is over. If its response never began (the client left
         between the slot and the first byte), nothing else would settle this run."""
@@ -327,6 +342,7 @@ class AnswerRun:
                 reasoning="".join(generation.reasoning),
                 finish_reason=reason,
                 served=served,
+                route_reason=self.route_reason,
                 upstream=self.failover.target.upstream if self.failover is not None else "",
                 error=self.error,
                 energy=energy,

@@ -64,6 +64,8 @@ class Ending:
     finish_reason: str
     served: ModelEntry
     """The alias that served (or was last tried)."""
+    route_reason: str = ""
+    """Why it served (:mod:`.routing`)."""
     upstream: str
     """The upstream that served ("" for an answer replayed from the response cache)."""
     error: ApplicationError | None = None
@@ -147,6 +149,7 @@ def settlement_write(
         user=caller.user,
         model=served.alias,
         requested_model=prepared.requested or prepared.spec.alias,
+        route_reason=ending.route_reason,
         upstream=ending.upstream,
         price=served.price,
         energy=served.energy,

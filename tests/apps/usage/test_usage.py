@@ -103,3 +103,59 @@ def test_usage_report_command_prints_a_table_and_csv(team: Team) -> None:
     assert rows[-1]["group"] == "total" and rows[-1]["total_tokens"] == "1261"
     with pytest.raises(CommandError):
         call_command("usage_report", "--team", "nope", "--since", since)
+
+
+def report_rows(team: Team, *args: str) -> dict[str, dict[str, str]]:
+    import csv
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    since = (timezone.localdate() - timedelta(days=7)).isoformat()
+    out = StringIO()
+    call_command("usage_report", "--team", team.name, "--since", since, "--csv", *args, stdout=out)
+    return {row["group"]: row for row in csv.DictReader(StringIO(out.getvalue()))}
+
+
+def test_usage_report_by_tag_shows_what_always_large_would_have_cost(
+    team: Team, other_team: Team, settings: Any
+) -> None:
+    """Per tag, the cost as spent next to the same answers' tokens at ``large``'s price;
+    rows that no router chose a model for (embeddings) count as they cost."""
+    settings.MODEL_PRICES = {
+        "small": {"input": 1.0, "cached_input": 0.5, "output": 2.0},
+        "large": {"input": 10.0, "cached_input": 5.0, "output": 20.0},
+        "emb": {"input": 3.0},
+    }
+    tokens = Usage(prompt_tokens=1000, cached_tokens=200, completion_tokens=100)
+    for alias, tag in (("small", "prod"), ("large", "prod"), ("small", "lab")):
+        usage_record_chat(team=team, model=alias, usage=tokens, status="ok", object_id="1", tag=tag)
+    usage_record_embedding(team=team, model="emb", tokens=1000, operation="query", tag="lab")
+    usage_record_chat(  # another team's answers are not in the report
+        team=other_team, model="small", usage=tokens, status="ok", object_id="2", tag="prod"
+    )
+    # Per answer: small 800 x 1 + 200 x 0.5 + 100 x 2 = 1,100 per million; large 11,000.
+    rows = report_rows(team, "--group-by", "tag")
+    assert (rows["prod"]["cost_usd"], rows["prod"]["always_large_usd"]) == ("0.012100", "0.022000")
+    assert (rows["lab"]["cost_usd"], rows["lab"]["always_large_usd"]) == ("0.004100", "0.014000")
+    assert (rows["total"]["cost_usd"], rows["total"]["always_large_usd"]) == (
+        "0.016200",
+        "0.036000",
+    )
+    # A registry price for large (INFERENCE_MODELS) is the price the ledger charges it at,
+    # and so the counterfactual's; ROUTER_COUNTERFACTUAL_ALIAS names another alias.
+    settings.INFERENCE_MODELS = {"large": {"price": {"input": 1.0, "output": 2.0}}}
+    # 1,000 in (cached input at the input price when none is given) and 100 out, twice.
+    assert report_rows(team, "--group-by", "tag")["prod"]["always_large_usd"] == "0.002400"
+    settings.ROUTER_COUNTERFACTUAL_ALIAS = "small"
+    assert report_rows(team, "--group-by", "tag")["prod"]["always_small_usd"] == "0.002200"
+
+
+def test_the_default_prices_differ_per_alias_as_the_readme_derives_them() -> None:
+    """README, "Prices": ``large`` is ``small`` times the ratio of their parameters."""
+    from config.settings.usage import MODEL_PRICES
+
+    small, large = MODEL_PRICES["small"], MODEL_PRICES["large"]
+    ratio = 1.71e9 / 134.5e6
+    for field in ("input", "cached_input", "output"):
+        assert large[field] == pytest.approx(small[field] * ratio, rel=0.01)

@@ -4,11 +4,13 @@ import csv
 from datetime import date
 from typing import Any
 
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
 from apps.accounts.selectors import team_get_by_name
 from apps.usage.selectors import GROUPS, usage_report
+from apps.usage.services import alias_price
 
 COLUMNS = (
     "group",
@@ -24,7 +26,11 @@ COLUMNS = (
 
 
 class Command(BaseCommand):
-    help = "Print a team's token usage (the same figures as GET /api/v1/usage)."
+    help = (
+        "Print a team's token usage (the same figures as GET /api/v1/usage), and what it "
+        "would have cost had every answer been served by ROUTER_COUNTERFACTUAL_ALIAS "
+        "(always_<alias>_usd: the same tokens at that alias's price)."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--team", required=True)
@@ -42,17 +48,30 @@ class Command(BaseCommand):
         end = options["until"] or timezone.localdate()
         if options["since"] > end:
             raise CommandError("--since is after --until")
+        alias = settings.ROUTER_COUNTERFACTUAL_ALIAS
         report = usage_report(
-            team=team, start=options["since"], end=end, group_by=options["group_by"]
+            team=team,
+            start=options["since"],
+            end=end,
+            group_by=options["group_by"],
+            counterfactual=alias_price(alias),
         )
-        rows = [*report["data"], {**report["total"], "group": "total"}]
+        always = f"always_{alias}_usd"
+        columns = (*COLUMNS, always)
+        rows = [
+            {**row, always: row["counterfactual_usd"]}
+            for row in [*report["data"], {**report["total"], "group": "total"}]
+        ]
         if options["csv"]:
-            writer = csv.DictWriter(self.stdout, fieldnames=COLUMNS, extrasaction="ignore")
+            writer = csv.DictWriter(self.stdout, fieldnames=columns, extrasaction="ignore")
             writer.writeheader()
             writer.writerows(rows)
             return
-        cells = [[str(row[c]) if row[c] is not None else "-" for c in COLUMNS] for row in rows]
-        widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(COLUMNS)]
-        self.stdout.write("  ".join(c.ljust(w) for c, w in zip(COLUMNS, widths, strict=True)))
+        self._table(columns, rows)
+
+    def _table(self, columns: tuple[str, ...], rows: list[dict[str, Any]]) -> None:
+        cells = [[str(row[c]) if row[c] is not None else "-" for c in columns] for row in rows]
+        widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
+        self.stdout.write("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)))
         for row in cells:
             self.stdout.write("  ".join(v.rjust(w) for v, w in zip(row, widths, strict=True)))
