@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import logging
 import weakref
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -26,6 +27,8 @@ from django.db import connections
 from django.http import HttpRequest, HttpResponseBase
 from rest_framework.request import Request
 from rest_framework.views import APIView
+
+logger = logging.getLogger(__name__)
 
 # How long a command waits for a free connection when the pool is busy.
 REDIS_POOL_TIMEOUT = 10.0
@@ -146,3 +149,23 @@ class AsyncApiView(APIView):
             if not allowed:
                 # None when no wait is known, as DRF's own check passes; its stubs say float.
                 self.throttled(request, throttle.wait())  # type: ignore[arg-type]
+
+
+_background: set[asyncio.Task[None]] = set()
+
+
+def in_background(work: Awaitable[None], *, what: str) -> asyncio.Task[None]:
+    """Run ``work`` on the running loop without waiting for it, kept alive until it ends
+    (the loop keeps only a weak reference to a task); a failure is logged as ``what``
+    failing, never left unretrieved."""
+
+    async def run() -> None:
+        try:
+            await work
+        except Exception as exc:
+            logger.warning("%s failed: %r", what, exc)
+
+    task = asyncio.get_running_loop().create_task(run())
+    _background.add(task)
+    task.add_done_callback(_background.discard)
+    return task

@@ -140,6 +140,12 @@ class UsageApi(APIView):
         return Response(report)
 
 
+def _count_field(*, big: bool = False) -> serializers.IntegerField:
+    """A limit's count, null for none, within its column (a positive big or plain integer)."""
+    most = 2**63 - 1 if big else 2**31 - 1
+    return serializers.IntegerField(min_value=0, max_value=most, allow_null=True, default=None)
+
+
 class QuotaApi(APIView):
     required_scopes = {"GET": "read"}
 
@@ -158,14 +164,12 @@ class KeyLimitsApi(APIView):
     required_scopes = {"GET": "keys", "PUT": "keys"}
 
     class LimitsSerializer(serializers.Serializer[dict[str, Any]]):
-        burst_tokens = serializers.IntegerField(min_value=0, allow_null=True, default=None)
-        tokens_per_minute = serializers.IntegerField(min_value=0, allow_null=True, default=None)
-        daily_tokens = serializers.IntegerField(min_value=0, allow_null=True, default=None)
-        monthly_tokens = serializers.IntegerField(min_value=0, allow_null=True, default=None)
-        max_concurrent_streams = serializers.IntegerField(
-            min_value=0, allow_null=True, default=None
-        )
-        max_tokens = serializers.IntegerField(min_value=0, allow_null=True, default=None)
+        burst_tokens = _count_field(big=True)
+        tokens_per_minute = _count_field(big=True)
+        daily_tokens = _count_field(big=True)
+        monthly_tokens = _count_field(big=True)
+        max_concurrent_streams = _count_field()
+        max_tokens = _count_field()
         daily_usd = serializers.DecimalField(
             max_digits=14, decimal_places=6, min_value=0, allow_null=True, default=None
         )

@@ -45,6 +45,10 @@ UPSTREAM_ERRORS = Counter("ragtier_upstream_errors", "Inference tier failures.",
 RATE_LIMITED = Counter(
     "ragtier_rate_limited", "Requests refused with 429, by limit code.", ["code"]
 )
+BUDGET_OVERRUN = Counter(
+    "ragtier_budget_overrun_nanodollars",
+    "What answers cost past the worst case their reservation held (not charged to budgets).",
+)
 ADMISSION_UNAVAILABLE = Counter(
     "ragtier_admission_unavailable", "Requests refused with 503: the limiter was unreachable."
 )

@@ -159,13 +159,17 @@ def quota_used(*, key: QuotaKey, now: datetime | None = None) -> int:
 def quota_report(
     *, team: Team, api_key: ApiKey | None, now: datetime | None = None
 ) -> dict[str, Any]:
-    """The limits that apply to the caller and what remains of each, without changing any."""
+    """The limits that apply to the caller and what remains of each, without changing any:
+    the team's, the key's, and the team's limits of its purpose tags (each binding the
+    requests under its tag)."""
     now = now or timezone.now()
     zone = ZoneInfo(team.time_zone)
     store = limiter()
     report: list[dict[str, Any]] = []
-    for limit in limits_of(team=team, api_key=api_key).select_related("api_key"):
+    tagged = Limit.objects.filter(team=team).exclude(tag="")
+    for limit in (limits_of(team=team, api_key=api_key) | tagged).select_related("api_key"):
         scope = f"key {limit.api_key.prefix}" if limit.api_key else "team"
+        scope += f" tag {limit.tag}" if limit.tag else ""
         entry: dict[str, Any] = {
             "scope": scope,
             "bucket": None,

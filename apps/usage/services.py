@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
 from collections.abc import Mapping
 from dataclasses import asdict
 from decimal import Decimal
@@ -17,6 +19,7 @@ from apps.core.audit import Actor, audit_record
 from apps.core.exceptions import PermissionDenied
 from apps.core.models import AuditEvent
 from apps.usage import metrics
+from apps.usage.limiters import LimiterUnavailable, limiter_keys_delete
 from apps.usage.models import Limit, UsageRecord
 from apps.usage.values import LimitValues, Usage
 from inference import Price, price_parse
@@ -215,7 +218,15 @@ def limit_delete(*, limit: Limit, actor: Actor) -> None:
         target=_limit_target(limit),
         detail={"before": _limit_values(limit)},
     )
+    limit_id = limit.pk
     limit.delete()
+    transaction.on_commit(functools.partial(_limiter_forget, limit_id))
+
+
+def _limiter_forget(limit_id: int) -> None:
+    """A deleted limit's Redis state (its bucket, slots and counters) goes too."""
+    with contextlib.suppress(LimiterUnavailable):  # else they expire on their own
+        limiter_keys_delete(limit_ids=[limit_id])
 
 
 def key_limits_set(*, manager: KeyManager, api_key: ApiKey, values: LimitValues) -> Limit:

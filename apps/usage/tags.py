@@ -13,6 +13,7 @@ import dataclasses
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import signals
 
 from apps.accounts.models import Team
 from apps.accounts.selectors import Caller
@@ -22,7 +23,15 @@ from apps.core.tags import tag_check
 from apps.usage.models import UsageTag
 
 _known: set[tuple[int, str]] = set()
-"""(team id, tag) admitted in this process."""
+"""(team id, tag) admitted in this process: forgotten when any tag row goes (a team
+purged, a tag deleted in the admin), so a deleted tag counts against the cap again."""
+
+
+def _forget(**_: object) -> None:
+    _known.clear()
+
+
+signals.post_delete.connect(_forget, sender=UsageTag, weak=False)
 
 
 async def caller_tagged(caller: Caller, tag: object, *, param: str = "tag") -> Caller:

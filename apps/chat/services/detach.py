@@ -34,14 +34,14 @@ import bisect
 import contextlib
 import logging
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import TYPE_CHECKING
 
 from django.conf import settings
 
 from apps.chat.models import Message
 from apps.chat.services.types import AnswerEvent, Delta, Reasoning, ToolCall
-from apps.core.aio import db_call, loop_cached, redis_client
+from apps.core.aio import db_call, in_background, loop_cached, redis_client
 from apps.usage import metrics
 
 if TYPE_CHECKING:
@@ -149,7 +149,7 @@ class AnswerHold:
         if self.readers == 1:
             self._stop_clock()
             self.status.set(Message.Status.STREAMING)
-        _in_background(self.run.journal.flush())
+        in_background(self.run.journal.flush(), what="a detached answer's journal flush")
         return reading
 
     def leave(self, reading: Reading) -> None:
@@ -177,7 +177,7 @@ class AnswerHold:
         if not settings.STREAM_BUFFER_REDIS_URL:
             self.run.detach_expired()
             return
-        _in_background(self._expire_unless_read())
+        in_background(self._expire_unless_read(), what="a detached answer's grace")
 
     async def _expire_unless_read(self) -> None:
         try:
@@ -241,9 +241,7 @@ class StatusWriter:
     def set(self, status: str) -> None:
         self.wanted = status
         if self.task is None or self.task.done():
-            self.task = asyncio.get_running_loop().create_task(self._write())
-            _background.add(self.task)
-            self.task.add_done_callback(_background.discard)
+            self.task = in_background(self._write(), what="a detached answer's status write")
 
     async def _write(self) -> None:
         while self.wanted is not None and self.wanted != self.written:
@@ -335,18 +333,3 @@ def _reading_marked(message_id: int) -> asyncio.Task[None]:
 
 def _status_write(message_id: int, status: str) -> None:
     Message.objects.filter(pk=message_id, status__in=Message.RUNNING).update(status=status)
-
-
-_background: set[asyncio.Task[None]] = set()
-
-
-def _in_background(work: Awaitable[None]) -> None:
-    async def run() -> None:
-        try:
-            await work
-        except Exception as exc:  # a status is a hint for pollers: never fails the answer
-            logger.warning("detached answer bookkeeping failed: %r", exc)
-
-    task = asyncio.get_running_loop().create_task(run())
-    _background.add(task)
-    task.add_done_callback(_background.discard)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from decimal import Decimal
 
-from apps.chat.services.prepare import PreparedAnswer, answer_prepare_unheld, worst_cost
+from apps.chat.services.prepare import PreparedAnswer, answer_prepare_unheld
 from apps.chat.services.request import AnswerRequest
 from apps.core.exceptions import ApplicationError
 from apps.usage.budgets import budget_reserve, budget_settle, limits_cache
@@ -40,22 +40,24 @@ def answer_estimate(*, request: AnswerRequest) -> Estimate:
             model=entry.alias, prompt=prompt, cached=0, completion=completion, price=entry.price
         )
 
-    refusal = _admission(prepared, tokens=prompt + prepared.max_tokens)
+    refusal = _admission(prepared)
     return Estimate(prepared, cost(0), cost(prepared.max_tokens), refusal)
 
 
-def _admission(prepared: PreparedAnswer, *, tokens: int) -> ApplicationError | None:
-    """What the answer's hold (its tokens, at the dearest price that may serve them) meets
-    now."""
+def _admission(prepared: PreparedAnswer) -> ApplicationError | None:
+    """What the answer's whole hold (its tokens, and their worst-case cost at the dearest
+    price that may serve them) meets now."""
     caller = prepared.caller
     limits = limits_cache.get(team=caller.team, api_key=caller.api_key, tag=caller.tag)
     if not limits:
         return None
-    prompt = prepared.prompt.prompt_tokens
-    cost = worst_cost(prepared.spec, prompt=prompt, output=prepared.max_tokens)
     try:
         reservation = budget_reserve(
-            team=caller.team, api_key=caller.api_key, tokens=tokens, cost=cost, limits=limits
+            team=caller.team,
+            api_key=caller.api_key,
+            tokens=prepared.held,
+            cost=prepared.held_cost,
+            limits=limits,
         )
     except ApplicationError as exc:
         if exc.status in (429, 503):

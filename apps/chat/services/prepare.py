@@ -69,6 +69,10 @@ class PreparedAnswer:
     citations: list[Citation]
     reservation: Reservation | None
     """None when the caller has no limits: nothing to hold, nothing to settle."""
+    held: int = 0
+    """The tokens its reservation holds (or would: :func:`answer_prepare_unheld`)."""
+    held_cost: Decimal = Decimal(0)
+    """What they may cost at most: the money its reservation holds."""
     want_reasoning: bool = False
     sampling: Sampling = field(default_factory=Sampling)
     """What the caller chose of the sampling, written in each server's dialect."""
@@ -195,10 +199,14 @@ def _admit(request: AnswerRequest, *, hold: bool = True) -> _Admitted:
 
 def worst_cost(spec: ModelSpec, *, prompt: int, output: int) -> Decimal:
     """The most ``prompt`` tokens and ``output`` more may cost if ``spec`` serves them: at
-    the dearest price of its alias and every alias it falls back to."""
+    the dearest price of its alias and every alias it falls back to, the prompt all
+    uncached or all cached (whichever an operator priced higher)."""
     return max(
-        cost_of(model=entry.alias, prompt=prompt, cached=0, completion=output, price=entry.price)
+        cost_of(
+            model=entry.alias, prompt=prompt, cached=cached, completion=output, price=entry.price
+        )
         for entry in model_registry().chain(spec.alias)
+        for cached in (0, prompt)
     )
 
 
@@ -212,10 +220,14 @@ def _ground(admitted: _Admitted) -> PreparedAnswer:
     output_tokens = assemble.output_tokens(spec)
     cache_key = _cache_key(request, assemble.history, spec, output_tokens, collections)
     metrics.RETRIEVAL.observe(time.monotonic() - admitted.started)
+    held = prompt.prompt_tokens + output_tokens
+    cost = worst_cost(spec, prompt=prompt.prompt_tokens, output=output_tokens)
     if admitted.reservation is not None:
-        extra = prompt.prompt_tokens + output_tokens - admitted.held
-        cost = worst_cost(spec, prompt=prompt.prompt_tokens, output=output_tokens)
-        budget_extend(reservation=admitted.reservation, tokens=extra, cost=cost - admitted.cost)
+        budget_extend(
+            reservation=admitted.reservation,
+            tokens=held - admitted.held,
+            cost=cost - admitted.cost,
+        )
     history = assemble.history
     return PreparedAnswer(
         caller=request.caller,
@@ -226,6 +238,8 @@ def _ground(admitted: _Admitted) -> PreparedAnswer:
         max_tokens=output_tokens,
         citations=_citations(results[: len(prompt.passages)]),
         reservation=admitted.reservation,
+        held=max(held, admitted.held),
+        held_cost=max(cost, admitted.cost),
         want_reasoning=request.want_reasoning,
         sampling=request.tier_sampling,
         tools=request.tools,

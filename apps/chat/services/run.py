@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator
 from dataclasses import replace
 from types import TracebackType
 from typing import Any, TypeVar
@@ -61,7 +61,7 @@ from apps.chat.services.tier import (
     slot_acquire,
 )
 from apps.chat.services.types import AnswerEvent, Done, Started, UsageReport
-from apps.core.aio import db_call
+from apps.core.aio import db_call, in_background
 from apps.core.exceptions import ApplicationError
 from apps.core.group_commit import budget_writer
 from apps.usage import metrics
@@ -99,7 +99,7 @@ def _release_prepared(work: asyncio.Future[PreparedAnswer]) -> None:
         return  # it failed: answer_prepare gave its hold back itself
     reservation = work.result().reservation
     if reservation is not None:
-        _in_background(_release(reservation))
+        in_background(_release(reservation), what="releasing a reservation")
 
 
 async def _release(reservation: Reservation) -> None:
@@ -254,7 +254,7 @@ class AnswerRun:
         """The request's task is over. If its response never began (the client left
         between the slot and the first byte), nothing else would settle this run."""
         if not self.entered:
-            _in_background(self.abandon())
+            in_background(self.abandon(), what="abandoning an answer")
 
     async def abandon(self) -> None:
         """End a run that never streamed: the tier request closed, billed as cancelled."""
@@ -351,7 +351,7 @@ class AnswerRun:
                 await self._save(ending)
             except DatabaseError as exc:
                 logger.warning("message %s: not settled yet: %r", self.message_id, exc)
-                _in_background(self._save_later(ending))
+                in_background(self._save_later(ending), what="saving an answer later")
             await self._cache()
         return self.closing
 
@@ -453,12 +453,3 @@ class AnswerRun:
         """Nobody resumed this detached answer in time: it stops now, as a cancel."""
         self.expired = True
         self.interrupt()
-
-
-_background: set[asyncio.Task[None]] = set()
-
-
-def _in_background(work: Coroutine[Any, Any, None]) -> None:
-    task = asyncio.get_running_loop().create_task(work)
-    _background.add(task)  # the loop keeps only a weak reference
-    task.add_done_callback(_background.discard)

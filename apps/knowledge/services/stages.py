@@ -284,7 +284,7 @@ def _embedding_reserve(document: Document) -> bool:
                 tokens = _embedding_cost(locked)  # a batch landed meanwhile: count again
             locked.reservation = budget_reserve(
                 team=locked.team,
-                api_key=None,
+                api_key=locked.api_key,
                 tokens=tokens,
                 cost=embedding_cost(model=embedder().model_name, tokens=tokens),
                 kind=UsageRecord.Kind.EMBEDDING,
@@ -320,6 +320,7 @@ def _charge(document: Document, *, status: str) -> None:
     them. Call inside the transaction that holds the document's row lock."""
     usage_record_embedding(
         team=document.team,
+        api_key=document.api_key,
         model=embedder().model_name,
         tokens=document.embedding_tokens,
         operation="ingest",

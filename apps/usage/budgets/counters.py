@@ -10,7 +10,7 @@ from django.db import IntegrityError, transaction
 from apps.usage import statements
 from apps.usage.budgets.refusals import refuse
 from apps.usage.limiters import Quota, QuotaKey
-from apps.usage.models import QuotaCounter
+from apps.usage.models import Limit, QuotaCounter
 
 # Database counter ids by quota, so that charging one is a single UPDATE.
 _counter_ids: dict[QuotaKey, int] = {}
@@ -18,8 +18,11 @@ _COUNTER_IDS_KEPT = 10_000
 
 
 def counter_record(key: QuotaKey, actual: int) -> None:
-    """Add what settled to a quota's database counter (made if it is the first)."""
+    """Add what settled to a quota's database counter (made if it is the first; nothing if
+    its limit was deleted meanwhile: nothing counts against it any more)."""
     if not statements.quota_record(key, tokens=actual):
+        if not Limit.objects.filter(pk=key.limit_id).exists():
+            return
         _counter(key)
         statements.quota_record(key, tokens=actual)
 

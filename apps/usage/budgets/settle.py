@@ -9,7 +9,7 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import cast
 
-from django.db import transaction
+from django.db import DatabaseError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -60,6 +60,7 @@ def _settle(reservation: Reservation, actual: int, nanos: int, now: datetime) ->
         return
     tokens, cost_nanos = claimed
     difference = tokens - actual
+    nanos = _within_hold(reservation, nanos, held=cost_nanos)
     # Counters charged at admission (by id: the database store, and Redis reservations
     # from before Redis counted quotas) give the difference back.
     charged = [c for c in reservation.counters if isinstance(c, int)]
@@ -85,6 +86,23 @@ def _settle(reservation: Reservation, actual: int, nanos: int, now: datetime) ->
     if held is not None:
         held.settled = True
     metrics.SETTLEMENTS.labels(reservation.kind).inc()
+
+
+def _within_hold(reservation: Reservation, nanos: int, *, held: int) -> int:
+    """What money budgets are charged: the actual cost, but never past what was held (the
+    ledger keeps the actual cost). The hold is the worst case, so more means the tier
+    reported more than was counted, or prices changed meanwhile: counted in
+    ``ragtier_budget_overrun_nanodollars`` and logged, never let past a budget."""
+    if nanos <= held or not reservation.cost_counters:
+        return nanos
+    metrics.BUDGET_OVERRUN.inc(nanos - held)
+    logger.warning(
+        "reservation %s cost %d nano-dollars, %d more than it held",
+        reservation.pk,
+        nanos,
+        nanos - held,
+    )
+    return held
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,11 +143,16 @@ def reservations_release_expired(*, now: datetime | None = None) -> int:
     now = now or timezone.now()
     released = 0
     for reservation in Reservation.objects.filter(settled_at__isnull=True, expires_at__lt=now):
-        budget_settle(reservation=reservation, actual=0, now=now)
+        try:
+            budget_settle(reservation=reservation, actual=0, now=now)
+        except DatabaseError:  # one that cannot be released must not hold up the others
+            logger.exception("reservation %s could not be released", reservation.pk)
+            continue
         released += 1
     for reservation in Reservation.objects.filter(remote_pending=True):
         actual = int(reservation.actual_tokens or 0)
-        used = Used(tokens=actual, nanos=int(reservation.actual_cost_nanos or 0))
+        nanos = min(int(reservation.actual_cost_nanos or 0), reservation.cost_nanos)
+        used = Used(tokens=actual, nanos=nanos)
         if not _release_remote(
             reservation,
             None,

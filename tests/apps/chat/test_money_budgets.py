@@ -137,3 +137,71 @@ def test_auto_holds_at_the_dearer_alias_and_charges_the_one_that_served(
         price=Price(**CHEAP),
     )
     assert row.cost_usd == cheap
+
+
+@pytest.fixture
+def tier(upstream: FakeUpstream, settings: Any, team: Team) -> Iterator[Tier]:
+    with fake_upstream() as second:
+        yield Tier(upstream, second, settings, team.pk)
+
+
+def test_a_cached_input_priced_above_input_is_held_at_its_price(
+    tier: Tier, http: httpx.Client, team: Team
+) -> None:
+    """An operator may price cached input above input: the hold takes the dearer of the
+    two for the whole prompt, so the cost settled never passes it."""
+    price = {"input": 1.0, "cached_input": 50.0, "output": 1.0}
+    tier.register(small={"upstreams": [tier.a.base_url], "price": price, "server": "vllm"})
+    tier.a.script.usage = "final_chunk"
+    tier.a.script.usage_override = {
+        "prompt_tokens": 60,
+        "completion_tokens": 3,
+        "total_tokens": 63,
+        "prompt_tokens_details": {"cached_tokens": 59},
+    }
+    Limit.objects.create(team=team, daily_usd=Decimal("1"))
+    url = f"/api/v1/conversations/{conversation_for(http)}/messages"
+    reply = http.post(url, json={"content": "Hi", "top_k": 0, "max_tokens": 10})
+    assert reply.status_code == 201, reply.text
+    reservation = Reservation.objects.get(team=team)
+    assert 0 < reservation.actual_cost_nanos <= reservation.cost_nanos
+
+
+def test_a_tier_reporting_more_than_was_held_never_passes_the_budget(
+    tier: Tier, http: httpx.Client, team: Team
+) -> None:
+    """A tier that reports a million prompt tokens ($2) on a $0.01 budget: the ledger keeps
+    what it says, the budget is charged what was held at most (the rest counted apart)."""
+    tier.register(small={"upstreams": [tier.a.base_url], "price": CHEAP})
+    tier.a.script.usage = "final_chunk"
+    tier.a.script.usage_override = {
+        "prompt_tokens": 1_000_000,
+        "completion_tokens": 3,
+        "total_tokens": 1_000_003,
+    }
+    budget = Decimal("0.01")
+    limit = Limit.objects.create(team=team, daily_usd=budget)
+    url = f"/api/v1/conversations/{conversation_for(http)}/messages"
+    reply = http.post(url, json={"content": "Hi", "top_k": 0, "max_tokens": 10})
+    assert reply.status_code == 201, reply.text
+    reservation = Reservation.objects.get(team=team)
+    assert QuotaCounter.objects.get(limit=limit, unit="usd").used == reservation.cost_nanos
+    assert UsageRecord.objects.get(kind="chat").cost_usd > budget  # the ledger says it all
+
+
+def test_the_estimate_admits_exactly_what_an_auto_answers_admission_does(
+    tiers: Tier, http: httpx.Client, team: Team
+) -> None:
+    """Before retrieval ``auto`` may still route to the dear alias, so an answer holds its
+    price: the estimate asks for that same hold."""
+    tiers.register(
+        small={"upstreams": [tiers.a.base_url], "price": CHEAP},
+        large={"upstreams": [tiers.b.base_url], "price": DEAR},
+    )
+    Limit.objects.create(team=team, daily_usd=Decimal("0.001"))  # the cheap fits, the dear not
+    conversation = conversation_for(http)
+    body = {"content": "Hi", "model": "auto", "top_k": 0, "max_tokens": 40}
+    said = http.post("/api/v1/estimate", json={**body, "conversation": conversation}).json()
+    reply = http.post(f"/api/v1/conversations/{conversation}/messages", json=body)
+    assert said["admitted"] is False and reply.status_code == 429, (said, reply.text)
+    assert said["error"]["code"] == reply.json()["error"]["code"] == "budget_exceeded"

@@ -99,6 +99,20 @@ def test_past_the_teams_cap_a_new_tag_is_refused_and_others_are_not(
     assert UsageTag.objects.filter(team=other_team).count() == 1
 
 
+def test_a_tag_deleted_in_the_admin_counts_against_the_cap_again(
+    upstream: FakeUpstream, http: httpx.Client, settings: Any, team: Team
+) -> None:
+    """This process forgets the tags it admitted when a tag row goes: a tag used again
+    after its row was deleted is recorded (and counted) anew."""
+    settings.USAGE_TAGS_MAX_PER_TEAM = 1
+    assert ask_native(http, tag="a", top_k=0).status_code == 201
+    UsageTag.objects.filter(team=team, name="a").delete()
+    assert ask_native(http, tag="b", top_k=0).status_code == 201
+    refused = ask_native(http, tag="a", top_k=0)
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "too_many_tags"
+    assert list(UsageTag.objects.filter(team=team).values_list("name", flat=True)) == ["b"]
+
+
 def test_an_upload_with_a_tagged_key_charges_its_ingestion_under_the_tag(
     team: Team, asgi_server: str, settings: Any
 ) -> None:

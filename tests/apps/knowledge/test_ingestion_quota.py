@@ -10,6 +10,7 @@ import pytest
 from django.utils import timezone
 
 from apps.accounts.models import Team
+from apps.accounts.services import api_key_create
 from apps.knowledge.models import Chunk, Document
 from apps.knowledge.services import (
     STAGE_FUNCTIONS,
@@ -367,3 +368,21 @@ def test_the_real_embedder_reserves_exactly_what_it_reports(real_embedder: None)
     for text in TEXTS + chunk_texts:
         assert model.count_embedding_tokens([text]) == model.embed([text]).token_count, text
     assert model.count_embedding_tokens(TEXTS) == model.embed(TEXTS).token_count
+
+
+def test_an_upload_by_a_key_draws_on_the_keys_own_limits_too(team: Team) -> None:
+    """A key's budget binds what it uploads, as it binds what it asks: the key's quota
+    refuses the document before anything is embedded; the ledger names the key."""
+    issued = api_key_create(team=team, name="uploader")
+    Limit.objects.create(team=team, api_key=issued.api_key, daily_tokens=10)
+    document = accepted(team)
+    Document.objects.filter(pk=document.pk).update(api_key=issued.api_key)
+    refused = document_ingest(document_id=document.pk)
+    assert refused.status == "failed" and "key_quota_exceeded" in refused.error
+    assert embedded_chunks(refused) == 0 and not UsageRecord.objects.exists()
+    Limit.objects.filter(api_key=issued.api_key).update(daily_tokens=100_000)
+    done = document_ingest(document_id=document_reingest(document=refused).pk)
+    assert done.status == "indexed"
+    row = UsageRecord.objects.get(operation="ingest")
+    assert row.api_key == issued.api_key
+    assert Reservation.objects.get(pk=done.reservation_id).api_key == issued.api_key

@@ -136,7 +136,14 @@ def test_a_keys_money_budget_and_models_are_set_through_the_api(
 
 
 @pytest.mark.parametrize(
-    "body", [{"allowed_models": ["huge"]}, {"daily_usd": -1}, {"monthly_usd": "lots"}]
+    "body",
+    [
+        {"allowed_models": ["huge"]},
+        {"daily_usd": -1},
+        {"monthly_usd": "lots"},
+        {"max_concurrent_streams": 2**40},
+        {"daily_tokens": 2**64},
+    ],
 )
 def test_a_keys_limits_refuse_unknown_models_and_bad_amounts(
     body: dict[str, Any], team: Team, django_user_model: Any

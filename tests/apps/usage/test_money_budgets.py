@@ -14,10 +14,11 @@ from typing import Any
 
 import pytest
 from django.core.management import CommandError, call_command
-from django.db import IntegrityError
+from django.db import DatabaseError, IntegrityError
 
 from apps.accounts.models import Team
 from apps.accounts.services import api_key_create
+from apps.core.audit import Actor
 from apps.usage.budgets import (
     RateLimited,
     budget_extend,
@@ -27,8 +28,11 @@ from apps.usage.budgets import (
     quota_used,
     reservations_release_expired,
 )
+from apps.usage.budgets import settle as settle_module
 from apps.usage.limiters import USD, QuotaKey, RedisLimiter, limiter
 from apps.usage.models import Limit, QuotaCounter, Reservation
+from apps.usage.selectors import quota_report
+from apps.usage.services import limit_delete
 from apps.usage.values import nanos_of
 from tests.conftest import reachable_redis_url
 
@@ -218,3 +222,52 @@ def test_setlimits_sets_a_tags_money_budget(team: Team) -> None:
         call_command("setlimits", "--team", team.name, "--tag", "Bad Tag!", "--daily-usd", "1")
     with pytest.raises(CommandError):
         call_command("setlimits", "--team", team.name, "--daily-usd", "-1")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_limit_deleted_while_its_answer_runs_leaves_the_settlement_whole(
+    team: Team, limiter_store: str
+) -> None:
+    limit = Limit.objects.create(team=team, tag="exp", daily_usd=Decimal("1"))
+    Limit.objects.create(team=team, daily_tokens=10_000)
+    limits = list(limits_of(team=team, api_key=None, tag="exp"))
+    held = reserve(team, CENT, limits=limits)
+    limit_delete(limit=limit, actor=Actor.command("test"))
+    budget_settle(reservation=held, actual=50, cost=CENT / 2, now=T0)
+    assert Reservation.objects.get(pk=held.pk).settled_at is not None
+    assert not QuotaCounter.objects.filter(limit_id=limit.pk).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_one_reservation_that_cannot_be_released_holds_up_no_other(
+    team: Team, other_team: Team, limiter_store: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    Limit.objects.create(team=team, daily_usd=CENT)
+    Limit.objects.create(team=other_team, daily_usd=CENT)
+    mine = reserve(team, CENT)
+    theirs = reserve(other_team, CENT)
+    real = settle_module._settle
+
+    def failing(reservation: Reservation, *args: Any) -> None:
+        if reservation.pk == mine.pk:
+            raise DatabaseError("this one is broken")
+        real(reservation, *args)
+
+    monkeypatch.setattr(settle_module, "_settle", failing)
+    assert reservations_release_expired(now=T0 + timedelta(hours=2)) == 1
+    assert Reservation.objects.get(pk=theirs.pk).settled_at is not None
+    assert Reservation.objects.get(pk=mine.pk).settled_at is None
+
+
+@pytest.mark.django_db
+def test_the_quota_report_shows_the_teams_tag_budgets(team: Team) -> None:
+    Limit.objects.create(team=team, tag="experiments", daily_usd=CENT)
+    report = quota_report(team=team, api_key=None, now=T0)
+    (entry,) = report["limits"]
+    assert entry["scope"] == "team tag experiments"
+    assert entry["day_usd"] == {
+        "limit": "0.010000",
+        "used": "0.000000",
+        "remaining": "0.010000",
+        "resets_at": "2026-12-03T00:00:00+00:00",
+    }
