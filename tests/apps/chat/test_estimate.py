@@ -100,17 +100,67 @@ def test_a_bad_body_is_the_surfaces_400(upstream: FakeUpstream, http: httpx.Clie
     assert reply.status_code == 400 and reply.json()["error"]["param"] == "temperature"
 
 
+VARIED = [
+    *QUESTIONS,
+    "Why?",
+    "Explain how the pump and the tank work together, step by step, for a new tenant.",
+    "Qu'est-ce qui se passe le mardi ?",
+    "Wo hängt der Schlüssel? 🔑 Antworte kurz.",
+    "def key(): return 'blue door'  # what does this return?",
+    "Numbers: 3.14159, 2.71828, 1.41421, 1.61803 — which is the golden ratio?",
+    "東京の天気はどうですか？",  # noqa: RUF001 - Japanese punctuation
+    "Repeat after me: " + "pantry " * 40,
+    "",  # filled below with a long one
+    "Tabs\tand\nnewlines\n\n  and   spaces.",
+]
+VARIED[-2] = "Summarise everything you know about the house " + "and its rooms " * 60
+V1_BODIES: list[list[dict[str, Any]]] = [
+    [{"role": "user", "content": "Hi"}],
+    [{"role": "system", "content": "Answer in one word."}, {"role": "user", "content": "Key?"}],
+    [
+        {"role": "user", "content": "Where is the key?"},
+        {"role": "assistant", "content": "Behind the blue door."},
+        {"role": "user", "content": "And the pump?"},
+    ],
+    [
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "Parts"}, {"type": "text", "text": "joined"}],
+        }
+    ],
+    [{"role": "developer", "content": "Be terse."}, {"role": "user", "content": "Tuesday?"}],
+]
+
+
 @pytest.mark.integration
 @pytest.mark.usefixtures("corpus")
 def test_the_estimate_through_the_real_tier(
     llama_server: str, settings: Any, http: httpx.Client
 ) -> None:
+    """20 varied requests through llama.cpp: 15 turns of one native conversation (its
+    history growing), then 5 /v1 bodies; each estimate's prompt is what the answer then
+    records (what the tier reports, where it reports usage), and the recorded cost lies
+    in the estimate's range."""
     settings.INFERENCE_BASE_URL = llama_server
     settings.INFERENCE_SERVER = "llama.cpp"
     settings.RESPONSE_CACHE_TTL = 0
     conversation = conversation_for(http)
-    for question in QUESTIONS[:3]:
-        body = {"content": question, "max_tokens": 12, "temperature": 0}
+    for question in VARIED:
+        body = {"content": question, "max_tokens": 6, "temperature": 0}
         guess = http.post("/api/v1/estimate", json={**body, "conversation": conversation}).json()
         usage = usage_of(ask_stream(http, conversation, **body))
         assert guess["prompt_tokens"] == usage["prompt_tokens"], question
+        _within(guess, UsageRecord.objects.order_by("-pk").first())
+    for messages in V1_BODIES:
+        body = {"model": "small", "messages": messages, "max_tokens": 6, "temperature": 0}
+        guess = http.post("/api/v1/estimate", json=body).json()
+        completion = http.post("/v1/chat/completions", json=body).json()
+        assert guess["prompt_tokens"] == completion["usage"]["prompt_tokens"], messages
+        _within(guess, UsageRecord.objects.order_by("-pk").first())
+    assert UsageRecord.objects.filter(kind="chat").count() == len(VARIED) + len(V1_BODIES) == 20
+
+
+def _within(guess: dict[str, Any], row: UsageRecord | None) -> None:
+    assert row is not None and row.prompt_tokens == guess["prompt_tokens"]
+    low, high = (Decimal(guess["cost_usd"][end]) for end in ("min", "max"))
+    assert low <= row.cost_usd <= high
