@@ -45,6 +45,7 @@ from inference.prompt import (
     Passage,
     Prompt,
     assemble_prompt,
+    render_passage,
     render_passages,
 )
 from inference.reasoning import ThinkSplitter
@@ -59,6 +60,7 @@ from inference.registry import (
 )
 from inference.scheduling import FairQueue, Lease, LocalScheduler, RedisScheduler, Scheduler
 from inference.stream import Interrupt
+from inference.summary import CoverNeed, summary_cover, summary_prompt, summary_room, summary_system
 from inference.tokenizers import (
     ChatMessage,
     FakeTokenizer,
@@ -83,6 +85,7 @@ __all__ = [
     "CircuitBreaker",
     "CircuitState",
     "ContextLengthExceeded",
+    "CoverNeed",
     "Event",
     "Failover",
     "FairQueue",
@@ -133,10 +136,15 @@ __all__ = [
     "escape_control_tokens",
     "load_tokenizer",
     "registry_parse",
+    "render_passage",
     "render_passages",
     "rendezvous_order",
     "sampling_refused",
     "sampling_wire",
     "smollm2_gguf_path",
+    "summary_cover",
+    "summary_prompt",
+    "summary_room",
+    "summary_system",
     "tools_refused",
 ]

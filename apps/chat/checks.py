@@ -18,3 +18,21 @@ def model_registry_check(app_configs: Any = None, **kwargs: Any) -> list[CheckMe
     except ImproperlyConfigured as exc:
         return [Error(str(exc), hint="See config/settings/inference.py.", id="chat.E001")]
     return []
+
+
+HISTORY_POLICIES = ("drop", "summarize")
+
+
+@register("inference")
+def history_policy_check(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    from django.conf import settings
+
+    if settings.HISTORY_POLICY in HISTORY_POLICIES:
+        return []
+    return [
+        Error(
+            f"HISTORY_POLICY is {settings.HISTORY_POLICY!r}; use one of {HISTORY_POLICIES}.",
+            hint="See config/settings/inference.py.",
+            id="chat.E002",
+        )
+    ]

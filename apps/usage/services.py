@@ -97,13 +97,14 @@ def usage_record_chat(
     energy: float | None = None,
     detached_unread_tokens: int = 0,
     tag: str = "",
+    operation: str = "answer",
 ) -> UsageRecord:
     """One row per generation, whatever its outcome: tokens generated before an error or a
     cancel are billed like any others (``detached_unread_tokens`` of them made while the
     client was gone, and never read). ``model`` is the alias that served, priced at
     ``price`` and ``energy`` (Wh per 1000 tokens) when its registry entry has them;
     ``requested_model`` the alias asked for; ``upstream`` the server (never shown to
-    callers)."""
+    callers); ``operation`` what generated: an ``answer``, or a history ``summary``."""
     return UsageRecord.objects.create(
         team=team,
         api_key=api_key,
@@ -112,7 +113,7 @@ def usage_record_chat(
         model=model,
         requested_model=requested_model,
         upstream=upstream,
-        operation="answer",
+        operation=operation,
         object_id=object_id,
         tag=tag,
         **usage.columns(),
@@ -131,6 +132,7 @@ def usage_record_chat(
         dropped_passages=usage.dropped_passages,
         dropped_turns=usage.dropped_turns,
         summarized_turns=usage.summarized_turns,
+        dropped_tokens=usage.dropped_tokens,
     )
 
 

@@ -23,6 +23,13 @@ from apps.accounts.selectors import Caller
 from apps.chat.models import Conversation
 from apps.chat.response_cache import response_cache_key
 from apps.chat.selectors import conversation_history
+from apps.chat.services.compaction import (
+    NOTHING,
+    Compacted,
+    Overflow,
+    history_compact,
+    left_out_tokens,
+)
 from apps.chat.services.registry import ModelSpec, output_tokens_resolve
 from apps.chat.services.request import AnswerRequest
 from apps.chat.services.routing import (
@@ -54,6 +61,7 @@ from inference import (
     Sampling,
     Tools,
     assemble_prompt,
+    summary_system,
 )
 
 HISTORY_MESSAGES = 40
@@ -90,6 +98,10 @@ class PreparedAnswer:
     """Passages found that the window left out."""
     dropped_turns: int = 0
     """History messages the window left out."""
+    summarized_turns: int = 0
+    """History messages a summary replaced (:mod:`.compaction`)."""
+    dropped_tokens: int = 0
+    """The tokens the passages and turns left out or summarised would have taken."""
     opening: str = ""
     """The system prompt and the first question of the exchange: the head of the prompt,
     the same on every turn, so a client that keeps no conversation here still sticks to
@@ -161,6 +173,7 @@ def _admit(request: AnswerRequest, *, hold: bool = True) -> _Admitted:
     started = time.monotonic()
     assemble = _Assembler(request, history=history, cap=cap)
     spec, bare = first_fitting(candidates, assemble)
+    bare = assemble.compact(spec, bare, conversation=conversation, build=hold)
     held = bare.prompt_tokens + assemble.output_tokens(spec)
     reservation = _reserve(request.caller, tokens=held, limits=limits) if hold else None
     remaining = candidates[candidates.index(spec) :]
@@ -179,7 +192,8 @@ def _ground(admitted: _Admitted) -> PreparedAnswer:
     if admitted.reservation is not None:
         extra = prompt.prompt_tokens + output_tokens - admitted.held
         budget_extend(reservation=admitted.reservation, tokens=extra)
-    history = assemble.history
+    history, covered = assemble.history, assemble.compacted.covered
+    left_out = len(history) - prompt.history_messages
     return PreparedAnswer(
         caller=request.caller,
         conversation=admitted.conversation,
@@ -197,7 +211,14 @@ def _ground(admitted: _Admitted) -> PreparedAnswer:
         requested=request.model.requested,
         stream_grace=request.stream_grace,
         dropped_passages=len(results) - len(prompt.passages),
-        dropped_turns=len(history) - prompt.history_messages,
+        dropped_turns=left_out - covered,
+        summarized_turns=covered,
+        dropped_tokens=left_out_tokens(
+            spec.tokenizer,
+            passages=results[len(prompt.passages) :],
+            first=len(prompt.passages) + 1,
+            turns=history[:left_out],
+        ),
         opening=f"{assemble.system}\0{history[0]['content'] if history else request.content}",
     )
 
@@ -229,20 +250,43 @@ class _Assembler:
         self.tail = request.tail
         self.tools = request.tools.definitions if request.tools is not None else ()
         self.cap = cap
+        self.caller = request.caller
+        self.compacted = NOTHING
+        """The oldest turns' summary, when :meth:`compact` made or found one."""
         instructions = request.instructions
         self.system = f"{SYSTEM_PROMPT}\n\n{instructions}" if instructions else SYSTEM_PROMPT
 
     def output_tokens(self, spec: ModelSpec) -> int:
         return output_tokens_resolve(spec=spec, max_tokens=self.max_tokens, cap=self.cap)
 
-    def __call__(self, spec: ModelSpec, passages: Sequence[Passage] = ()) -> Prompt:
+    def compact(
+        self, spec: ModelSpec, bare: Prompt, *, conversation: Conversation | None, build: bool
+    ) -> Prompt:
+        """``bare`` with the history it drops summarised, when ``HISTORY_POLICY`` says so
+        (:func:`~.compaction.history_compact`); every later prompt carries that summary."""
+        budget = spec.context_window - self.output_tokens(spec)
+        overflow = Overflow(self.caller, conversation, self.history, spec, bare, budget)
+        self.compacted = history_compact(
+            overflow, lambda compacted: self(spec, compacted=compacted), build=build
+        )
+        return bare if self.compacted is NOTHING else self(spec)
+
+    def __call__(
+        self,
+        spec: ModelSpec,
+        passages: Sequence[Passage] = (),
+        *,
+        compacted: Compacted | None = None,
+    ) -> Prompt:
+        if compacted is None:
+            compacted = self.compacted
         try:
             return assemble_prompt(
                 tokenizer=spec.tokenizer,
                 question=self.question,
                 passages=passages,
-                history=self.history,
-                system=self.system,
+                history=self.history[compacted.covered :],
+                system=summary_system(self.system, compacted.summary),
                 context_window=spec.context_window,
                 max_output_tokens=self.output_tokens(spec),
                 max_chars_per_token=settings.MAX_CHARS_PER_TOKEN,
