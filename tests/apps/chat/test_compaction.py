@@ -210,3 +210,50 @@ def test_a_summary_goes_with_the_turns_retention_purges(team: Team) -> None:
     conversations_purge(team=team, older_than=timezone.now() + timedelta(seconds=1))
     assert Conversation.objects.filter(pk=conversation.pk).exists()
     assert not ConversationSummary.objects.exists()
+
+
+def test_two_answers_at_once_in_one_conversation_pay_for_one_summary(
+    upstream: FakeUpstream, http: httpx.Client, team: Team, settings: Any
+) -> None:
+    import threading
+
+    conversation = _long_conversation(http, upstream, settings)
+    settings.HISTORY_POLICY = "summarize"
+    upstream.script.delay = 0.4  # the first summary is still being written when the second asks
+    results: dict[str, dict[str, Any]] = {}
+
+    def answer(name: str) -> None:
+        with httpx.Client(base_url=http.base_url, headers=http.headers, timeout=30) as client:
+            results[name] = _usage(ask_stream(client, conversation, content=name, top_k=0))
+
+    first = threading.Thread(target=answer, args=("First question?",))
+    first.start()
+    for _ in range(500):  # at most 10 s
+        if _summary_requests(upstream) or not first.is_alive():
+            break
+        first.join(0.02)
+    answer("Second question?")
+    first.join()
+    assert len(_summary_requests(upstream)) == 1
+    assert UsageRecord.objects.filter(operation="summary").count() == 1
+    assert results["First question?"]["summarized_turns"] == 6
+    second = results["Second question?"]
+    assert (second["summarized_turns"], second["dropped_turns"]) == (0, 4)  # dropped, unpaid
+    assert ConversationSummary.objects.get().completed_at is not None
+
+
+def test_an_estimate_uses_the_cached_summary_as_the_answer_then_does(
+    upstream: FakeUpstream, http: httpx.Client, team: Team, settings: Any
+) -> None:
+    conversation = _long_conversation(http, upstream, settings)
+    settings.HISTORY_POLICY = "summarize"
+    ask_stream(http, conversation, content="Where is the key?", top_k=0)
+    body = {"content": "And the door?", "top_k": 0}
+    estimate = http.post("/api/v1/estimate", json={**body, "conversation": conversation})
+    assert estimate.status_code == 200, estimate.text
+    guess = estimate.json()
+    usage = _usage(ask_stream(http, conversation, **body))
+    assert guess["summarized_turns"] == usage["summarized_turns"] == 6
+    assert guess["prompt_tokens"] == usage["prompt_tokens"]
+    assert guess["dropped_tokens"] == usage["dropped_tokens"] > 0
+    assert len(_summary_requests(upstream)) == 1  # the estimate built none
