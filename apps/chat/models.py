@@ -93,12 +93,13 @@ class ConversationSummary(models.Model):
     """The oldest turns of a conversation, summarised by the small alias when its history
     overflows the window (``HISTORY_POLICY=summarize``, :mod:`apps.chat.services.compaction`).
 
-    It covers the conversation's first ``covered_turns`` history messages as the answer
-    read them; ``covers`` is a keyed hash (HMAC, so the column says nothing of the text) of
-    those turns, the team and the conversation: a summary is reused only while those turns
-    are unchanged, by that team's conversation. ``text`` is encrypted at rest like the
-    messages; empty while ``completed_at`` is unset (a build under way, claimed by the
-    unique ``covers``)."""
+    It covers the oldest ``covered_turns`` history messages the answer read; ``marks`` holds
+    a keyed hash (HMAC, so the column says nothing of the text) of each of them with the
+    team and the conversation, and ``covers`` one hash of them all: a summary is reused
+    only by that team's conversation, while the turns it covers that the history still
+    reads are unchanged (the oldest may have left the history read, ``HISTORY_MESSAGES``).
+    ``text`` is encrypted at rest like the messages; empty while ``completed_at`` is unset
+    (a build under way, claimed by the unique ``covers``)."""
 
     conversation = models.ForeignKey(
         Conversation, on_delete=models.CASCADE, related_name="summaries"
@@ -106,6 +107,7 @@ class ConversationSummary(models.Model):
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="summaries")
     covered_turns = models.PositiveIntegerField()
     covers = models.CharField(max_length=64)
+    marks = models.JSONField(default=list, help_text="a keyed hash of each turn covered")
     text = EncryptedTextField(blank=True)
     tokens = models.PositiveIntegerField(
         default=0, help_text="the text's tokens with the small model's tokenizer"

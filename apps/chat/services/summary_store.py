@@ -3,13 +3,14 @@
 before one is built (two answers never both build one of the same turns), completed, or
 given up.
 
-Every lookup names the team and the conversation, and ``covers`` is keyed by both: a
-summary is never read or reused outside the conversation it summarises.
+Every lookup names the team and the conversation, and each turn's mark is keyed by both
+(an HMAC under the server's secret): a summary is never read or reused outside the
+conversation it summarises.
 """
 
 from __future__ import annotations
 
-import json
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -22,7 +23,7 @@ from django.utils.crypto import salted_hmac
 from apps.chat.models import Conversation, ConversationSummary
 from inference import ChatMessage
 
-COVERS_PURPOSE = "ragtier.chat.summary.covers"
+MARK_PURPOSE = "ragtier.chat.summary.turn"
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,27 +34,44 @@ class Summary:
     covered: int
 
 
-def covers_of(*, conversation: Conversation, turns: Sequence[ChatMessage]) -> str:
-    """The keyed hash of ``turns`` in ``conversation`` (its team's): what a summary of them
-    is found by; any change to them (an edit, a delete) is another hash."""
-    pairs = [[turn["role"], turn["content"]] for turn in turns]
-    value = f"{conversation.team_id}:{conversation.pk}:" + json.dumps(pairs, ensure_ascii=False)
-    return salted_hmac(COVERS_PURPOSE, value, algorithm="sha256").hexdigest()
+def marks_of(*, conversation: Conversation, turns: Sequence[ChatMessage]) -> list[str]:
+    """A keyed hash of each of ``turns`` in ``conversation`` (its team's): what a summary
+    is matched to the history by; an edited turn has another, a deleted one none."""
+    prefix = f"{conversation.team_id}:{conversation.pk}:"
+    return [_mark(f"{prefix}{turn['role']}:{turn['content']}") for turn in turns]
+
+
+def _mark(value: str) -> str:
+    return salted_hmac(MARK_PURPOSE, value, algorithm="sha256").hexdigest()[:32]
+
+
+def covers_of(marks: Sequence[str]) -> str:
+    """One hash of the ``marks`` of the turns a summary covers: its claim."""
+    return hashlib.sha256("".join(marks).encode()).hexdigest()
 
 
 def summary_find(*, conversation: Conversation, history: Sequence[ChatMessage]) -> Summary | None:
-    """The conversation's completed summary covering the most of ``history``'s oldest turns
-    as they are now, or None."""
+    """The conversation's completed summary whose covered turns, the ones the history
+    still reads, are ``history``'s oldest as they are now (so it is found again once the
+    oldest covered turns leave the history read), with how many of them; or None."""
     rows = ConversationSummary.objects.filter(
         team_id=conversation.team_id, conversation=conversation, completed_at__isnull=False
-    ).order_by("-covered_turns")
+    ).order_by("-completed_at", "-pk")
+    current = marks_of(conversation=conversation, turns=history)
     for row in rows:
-        covered = row.covered_turns
-        if covered <= len(history) and row.covers == covers_of(
-            conversation=conversation, turns=history[:covered]
-        ):
+        covered = _overlap(row.marks, current)
+        if covered:
             return Summary(row.text, covered)
     return None
+
+
+def _overlap(covered: Sequence[str], current: Sequence[str]) -> int:
+    """The longest tail of ``covered`` that is the head of ``current``: the covered turns
+    still read (0: none, or one of them changed)."""
+    for length in range(min(len(covered), len(current)), 0, -1):
+        if list(covered[len(covered) - length :]) == list(current[:length]):
+            return length
+    return 0
 
 
 def summary_claim(
@@ -61,7 +79,8 @@ def summary_claim(
 ) -> ConversationSummary | None:
     """The row a summary of ``turns`` is built into, claimed; None when another answer
     holds that claim (and it is not stale) or the conversation is gone."""
-    covers = covers_of(conversation=conversation, turns=turns)
+    marks = marks_of(conversation=conversation, turns=turns)
+    covers = covers_of(marks)
     stale = timezone.now() - timedelta(seconds=settings.SUMMARY_CLAIM_SECONDS)
     ConversationSummary.objects.filter(
         conversation=conversation, covers=covers, completed_at__isnull=True, created_at__lt=stale
@@ -73,6 +92,7 @@ def summary_claim(
                 team_id=conversation.team_id,
                 covered_turns=len(turns),
                 covers=covers,
+                marks=marks,
             )
     except IntegrityError:
         return None

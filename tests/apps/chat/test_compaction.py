@@ -17,7 +17,7 @@ from django.db import connection
 from apps.accounts.models import Team
 from apps.chat.models import Conversation, ConversationSummary, Message
 from apps.chat.services.summary_store import (
-    covers_of,
+    marks_of,
     summary_claim,
     summary_complete,
     summary_find,
@@ -133,10 +133,10 @@ def test_the_summary_is_encrypted_at_rest(
     assert summary.text == "Pantry key notes." and summary.team_id == team.pk
     table = ConversationSummary._meta.db_table
     with connection.cursor() as cursor:
-        cursor.execute(f"SELECT text, covers FROM {table}")  # noqa: S608 - a model's table
-        ((raw, covers),) = cursor.fetchall()
+        cursor.execute(f"SELECT text, covers, marks FROM {table}")  # noqa: S608 - a model's table
+        ((raw, covers, marks),) = cursor.fetchall()
     assert "Pantry" not in raw and raw != summary.text
-    assert "Earlier" not in covers and len(covers) == 64
+    assert "Earlier" not in covers + str(marks) and len(covers) == 64
 
 
 def test_another_teams_conversation_with_the_same_turns_gets_no_summary(
@@ -153,9 +153,8 @@ def test_another_teams_conversation_with_the_same_turns_gets_no_summary(
     ]
     assert summary_find(conversation=ours, history=history) is not None
     assert summary_find(conversation=theirs, history=history) is None
-    assert covers_of(conversation=theirs, turns=history[:6]) != covers_of(
-        conversation=ours, turns=history[:6]
-    )
+    theirs_marks = marks_of(conversation=theirs, turns=history[:6])
+    assert not set(theirs_marks) & set(marks_of(conversation=ours, turns=history[:6]))
     # Nor a row naming our conversation under their team.
     forged = Conversation.objects.filter(pk=ours.pk)
     forged_ours = forged.get()
@@ -257,3 +256,18 @@ def test_an_estimate_uses_the_cached_summary_as_the_answer_then_does(
     assert guess["prompt_tokens"] == usage["prompt_tokens"]
     assert guess["dropped_tokens"] == usage["dropped_tokens"] > 0
     assert len(_summary_requests(upstream)) == 1  # the estimate built none
+
+
+def test_the_summary_is_reused_once_its_oldest_turns_leave_the_history_read(
+    upstream: FakeUpstream, http: httpx.Client, team: Team, settings: Any, monkeypatch: Any
+) -> None:
+    from apps.chat.services import prepare
+
+    conversation = _long_conversation(http, upstream, settings)
+    settings.HISTORY_POLICY = "summarize"
+    monkeypatch.setattr(prepare, "HISTORY_MESSAGES", 8)  # the 8 messages there are now
+    assert _usage(ask_stream(http, conversation, content="Where?", top_k=0))["summarized_turns"]
+    # 10 messages now: the two oldest, summarised, are no longer read; four still are.
+    usage = _usage(ask_stream(http, conversation, content="And the door?", top_k=0))
+    assert usage["summarized_turns"] == 4 and usage["dropped_turns"] == 0
+    assert len(_summary_requests(upstream)) == 1
