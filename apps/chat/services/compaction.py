@@ -72,6 +72,8 @@ class Overflow:
     """The prompt without passages, the oldest turns dropped to fit."""
     budget: int
     """The window less the answer's output tokens."""
+    whole: bool = True
+    """``history`` starts at the conversation's start (its read was not cut short)."""
 
 
 def history_compact(
@@ -84,7 +86,7 @@ def history_compact(
     dropped = len(history) - overflow.bare.history_messages
     if not dropped or overflow.conversation is None or settings.HISTORY_POLICY != "summarize":
         return NOTHING
-    cached = summary_find(conversation=overflow.conversation, history=history)
+    cached = summary_find(conversation=overflow.conversation, history=history, whole=overflow.whole)
     kept = Compacted(cached.text, cached.covered) if cached is not None else NOTHING
     fits = cached is not None and _keeps_rest(assemble(kept), len(history) - cached.covered)
     if fits or not build:

@@ -265,7 +265,8 @@ class _Assembler:
         """``bare`` with the history it drops summarised, when ``HISTORY_POLICY`` says so
         (:func:`~.compaction.history_compact`); every later prompt carries that summary."""
         budget = spec.context_window - self.output_tokens(spec)
-        overflow = Overflow(self.caller, conversation, self.history, spec, bare, budget)
+        whole = len(self.history) < HISTORY_MESSAGES - 1  # a cut read may lose a question
+        overflow = Overflow(self.caller, conversation, self.history, spec, bare, budget, whole)
         self.compacted = history_compact(
             overflow, lambda compacted: self(spec, compacted=compacted), build=build
         )

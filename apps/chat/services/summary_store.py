@@ -50,17 +50,21 @@ def covers_of(marks: Sequence[str]) -> str:
     return hashlib.sha256("".join(marks).encode()).hexdigest()
 
 
-def summary_find(*, conversation: Conversation, history: Sequence[ChatMessage]) -> Summary | None:
-    """The conversation's completed summary whose covered turns, the ones the history
-    still reads, are ``history``'s oldest as they are now (so it is found again once the
-    oldest covered turns leave the history read), with how many of them; or None."""
+def summary_find(
+    *, conversation: Conversation, history: Sequence[ChatMessage], whole: bool = True
+) -> Summary | None:
+    """The conversation's completed summary whose covered turns are ``history``'s oldest as
+    they are now, with how many of them; or None. ``whole``: ``history`` starts at the
+    conversation's start, so every covered turn must be there; else (the read was cut at
+    ``HISTORY_MESSAGES``) the oldest covered turns may have left it, and those it still
+    holds must be its oldest."""
     rows = ConversationSummary.objects.filter(
         team_id=conversation.team_id, conversation=conversation, completed_at__isnull=False
     ).order_by("-completed_at", "-pk")
     current = marks_of(conversation=conversation, turns=history)
     for row in rows:
         covered = _overlap(row.marks, current)
-        if covered:
+        if covered and (covered == len(row.marks) or not whole):
             return Summary(row.text, covered)
     return None
 

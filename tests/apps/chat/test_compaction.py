@@ -271,3 +271,15 @@ def test_the_summary_is_reused_once_its_oldest_turns_leave_the_history_read(
     usage = _usage(ask_stream(http, conversation, content="And the door?", top_k=0))
     assert usage["summarized_turns"] == 4 and usage["dropped_turns"] == 0
     assert len(_summary_requests(upstream)) == 1
+
+
+def test_a_deleted_covered_turn_is_no_slide_of_the_history_read(
+    upstream: FakeUpstream, http: httpx.Client, team: Team, settings: Any
+) -> None:
+    conversation = _long_conversation(http, upstream, settings)
+    settings.HISTORY_POLICY = "summarize"
+    ask_stream(http, conversation, content="Where is the key?", top_k=0)
+    oldest = Message.objects.filter(conversation_id=conversation).order_by("created_at", "pk")
+    Message.objects.filter(pk__in=[m.pk for m in oldest[:2]]).delete()  # the first exchange
+    ask_stream(http, conversation, content="And the door?", top_k=0)
+    assert len(_summary_requests(upstream)) == 2  # what it said of them is not reused
