@@ -84,7 +84,8 @@ def summary_cover(turns: Sequence[ChatMessage], counts: Sequence[int], need: Cov
     """How many of the oldest ``turns`` (with their ``counts`` of tokens) a new summary
     covers: at least those dropped, then enough for the summary to fit and for the turns
     kept to take at most ``keep_share`` of what dropping kept (so that the next answers,
-    each an exchange longer, reuse it), ending before a question."""
+    each an exchange longer, reuse it), ending before a question; 0 when even all of them
+    do not make room for the summary (the question leaves none: nothing to summarise)."""
     kept_tokens = sum(counts[need.dropped :])
     keep_at_most = need.keep_share * kept_tokens
     covered, freed = need.dropped, need.slack
@@ -95,4 +96,4 @@ def summary_cover(turns: Sequence[ChatMessage], counts: Sequence[int], need: Cov
         freed += counts[covered]
         kept_tokens -= counts[covered]
         covered += 1
-    return covered
+    return covered if freed >= need.summary else 0

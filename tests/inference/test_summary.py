@@ -31,8 +31,10 @@ def test_a_summary_covers_more_to_make_room_for_itself_and_for_the_next_turns() 
     assert summary_cover(TURNS, COUNTS, room) == 4  # 5 + 10 + 10 >= 20
     share = CoverNeed(dropped=2, slack=100, summary=20, keep_share=0.5)
     assert summary_cover(TURNS, COUNTS, share) == 6  # 40 of 80 kept
-    everything = CoverNeed(dropped=2, slack=0, summary=1000, keep_share=0.5)
+    everything = CoverNeed(dropped=2, slack=0, summary=80, keep_share=0.5)
     assert summary_cover(TURNS, COUNTS, everything) == 10
+    no_room = CoverNeed(dropped=2, slack=0, summary=81, keep_share=0.5)
+    assert summary_cover(TURNS, COUNTS, no_room) == 0  # the question leaves none
 
 
 def test_the_summary_is_fenced_as_data_in_the_system_message() -> None:

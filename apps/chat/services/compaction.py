@@ -38,6 +38,7 @@ from apps.usage.models import Reservation, UsageRecord
 from apps.usage.services import usage_record_chat
 from inference import (
     ChatMessage,
+    ContextLengthExceeded,
     CoverNeed,
     Passage,
     Prompt,
@@ -88,17 +89,21 @@ def history_compact(
         return NOTHING
     cached = summary_find(conversation=overflow.conversation, history=history, whole=overflow.whole)
     kept = Compacted(cached.text, cached.covered) if cached is not None else NOTHING
-    fits = cached is not None and _keeps_rest(assemble(kept), len(history) - cached.covered)
+    fits = cached is not None and _keeps_rest(assemble, kept, len(history) - cached.covered)
     if fits or not build:
         return kept
-    covered = max(_cover(overflow, dropped), cached.covered if cached is not None else 0)
-    if cached is not None and covered == cached.covered:
+    covered = _cover(overflow, dropped)
+    if not covered or (cached is not None and covered <= cached.covered):
         return kept
     return _build(overflow, history[:covered], cached) or kept
 
 
-def _keeps_rest(prompt: Prompt, rest: int) -> bool:
-    return prompt.history_messages == rest
+def _keeps_rest(assemble: Callable[[Compacted], Prompt], compacted: Compacted, rest: int) -> bool:
+    """The prompt after ``compacted`` keeps the ``rest`` of the history whole."""
+    try:
+        return assemble(compacted).history_messages == rest
+    except ContextLengthExceeded:  # the question grew past what the summary leaves
+        return False
 
 
 def _cover(overflow: Overflow, dropped: int) -> int:

@@ -270,7 +270,13 @@ class _Assembler:
         self.compacted = history_compact(
             overflow, lambda compacted: self(spec, compacted=compacted), build=build
         )
-        return bare if self.compacted is NOTHING else self(spec)
+        if self.compacted is NOTHING:
+            return bare
+        try:
+            return self(spec)
+        except ContextLengthExceeded:  # the summary leaves the question no room: drop
+            self.compacted = NOTHING
+            return bare
 
     def __call__(
         self,

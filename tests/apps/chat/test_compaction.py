@@ -283,3 +283,21 @@ def test_a_deleted_covered_turn_is_no_slide_of_the_history_read(
     Message.objects.filter(pk__in=[m.pk for m in oldest[:2]]).delete()  # the first exchange
     ask_stream(http, conversation, content="And the door?", top_k=0)
     assert len(_summary_requests(upstream)) == 2  # what it said of them is not reused
+
+
+def test_a_question_that_leaves_the_summary_no_room_is_answered_with_the_history_dropped(
+    upstream: FakeUpstream, http: httpx.Client, team: Team, settings: Any
+) -> None:
+    from inference import SYSTEM_PROMPT
+
+    conversation = _long_conversation(http, upstream, settings)
+    settings.HISTORY_POLICY = "summarize"
+    ask_stream(http, conversation, content="Where is the key?", top_k=0)
+    empty = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": ""}]
+    words = 400 - FakeTokenizer().count_chat(empty) - 5  # fits alone, not with a summary
+    frames = ask_stream(http, conversation, content="word " * words, top_k=0)
+    usage = _usage(frames)
+    assert "error" not in [f["event"] for f in frames]
+    assert usage["summarized_turns"] == 0 and usage["dropped_turns"] == 10
+    assert usage["prompt_tokens"] == 400 - 5
+    assert len(_summary_requests(upstream)) == 1  # none made that could not fit
