@@ -45,6 +45,7 @@ from inference.prompt import (
     Passage,
     Prompt,
     assemble_prompt,
+    render_passage,
     render_passages,
 )
 from inference.reasoning import ThinkSplitter
@@ -60,6 +61,7 @@ from inference.registry import (
 )
 from inference.scheduling import FairQueue, Lease, LocalScheduler, RedisScheduler, Scheduler
 from inference.stream import Interrupt
+from inference.summary import CoverNeed, summary_cover, summary_prompt, summary_room, summary_system
 from inference.tokenizers import (
     ChatMessage,
     FakeTokenizer,
@@ -84,6 +86,7 @@ __all__ = [
     "CircuitBreaker",
     "CircuitState",
     "ContextLengthExceeded",
+    "CoverNeed",
     "Event",
     "Failover",
     "FairQueue",
@@ -135,10 +138,15 @@ __all__ = [
     "load_tokenizer",
     "price_parse",
     "registry_parse",
+    "render_passage",
     "render_passages",
     "rendezvous_order",
     "sampling_refused",
     "sampling_wire",
     "smollm2_gguf_path",
+    "summary_cover",
+    "summary_prompt",
+    "summary_room",
+    "summary_system",
     "tools_refused",
 ]

@@ -35,3 +35,19 @@ def router_check(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
             Error(f"ROUTER: cannot import {settings.ROUTER!r}: {exc}", hint=hint, id="chat.E002")
         ]
     return []
+
+
+HISTORY_POLICIES = ("drop", "summarize")
+
+
+@register("inference")
+def history_policy_check(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    if settings.HISTORY_POLICY in HISTORY_POLICIES:
+        return []
+    return [
+        Error(
+            f"HISTORY_POLICY is {settings.HISTORY_POLICY!r}; use one of {HISTORY_POLICIES}.",
+            hint="See config/settings/inference.py.",
+            id="chat.E003",
+        )
+    ]

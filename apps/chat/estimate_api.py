@@ -43,6 +43,8 @@ class EstimateOutput(serializers.Serializer[Any]):
     context_window = serializers.IntegerField()
     dropped_passages = serializers.IntegerField()
     dropped_turns = serializers.IntegerField()
+    summarized_turns = serializers.IntegerField()
+    dropped_tokens = serializers.IntegerField()
     cost_usd = CostRangeOutput()
     admitted = serializers.BooleanField(help_text="every limit would admit it now")
     error = ErrorDetailSerializer(allow_null=True, help_text="the refusal, when not admitted")
@@ -77,6 +79,8 @@ class EstimateApi(AsyncApiView):
                 "context_window": prepared.spec.context_window,
                 "dropped_passages": prepared.dropped_passages,
                 "dropped_turns": prepared.dropped_turns,
+                "summarized_turns": prepared.summarized_turns,
+                "dropped_tokens": prepared.dropped_tokens,
                 "cost_usd": {"min": str(estimate.cost_min), "max": str(estimate.cost_max)},
                 "admitted": refusal is None,
                 "error": None

@@ -89,6 +89,43 @@ class Message(models.Model):
         return f"{self.role} {self.pk}"
 
 
+class ConversationSummary(models.Model):
+    """The oldest turns of a conversation, summarised by the small alias when its history
+    overflows the window (``HISTORY_POLICY=summarize``, :mod:`apps.chat.services.compaction`).
+
+    It covers the oldest ``covered_turns`` history messages the answer read; ``marks`` holds
+    a keyed hash (HMAC, so the column says nothing of the text) of each of them with the
+    team and the conversation, and ``covers`` one hash of them all: a summary is reused
+    only by that team's conversation, while the turns it covers that the history still
+    reads are unchanged (the oldest may have left the history read, ``HISTORY_MESSAGES``).
+    ``text`` is encrypted at rest like the messages; empty while ``completed_at`` is unset
+    (a build under way, claimed by the unique ``covers``)."""
+
+    conversation = models.ForeignKey(
+        Conversation, on_delete=models.CASCADE, related_name="summaries"
+    )
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="summaries")
+    covered_turns = models.PositiveIntegerField()
+    covers = models.CharField(max_length=64)
+    marks = models.JSONField(default=list, help_text="a keyed hash of each turn covered")
+    text = EncryptedTextField(blank=True)
+    tokens = models.PositiveIntegerField(
+        default=0, help_text="the text's tokens with the small model's tokenizer"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    completed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["conversation", "covers"], name="conversation_summary_unique_covers"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"summary of {self.covered_turns} turns of {self.conversation_id}"
+
+
 class MessageEvent(models.Model):
     """The SSE events of an answer, kept for replay and resume (``Last-Event-ID``);
     ``data`` (answer text among it) is encrypted at rest. A row holds one event, or (event

@@ -86,6 +86,10 @@ class UsageOutput(serializers.Serializer[Any]):
     summarized_turns = serializers.IntegerField(
         required=False, help_text="history messages replaced by a summary"
     )
+    dropped_tokens = serializers.IntegerField(
+        required=False,
+        help_text="the tokens the passages and turns left out or summarised would have taken",
+    )
     tag = serializers.CharField(
         required=False, allow_blank=True, help_text="the purpose tag it is charged under"
     )

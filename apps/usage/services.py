@@ -141,6 +141,7 @@ def usage_record_chat(
     measured: Measured | None = None,
     detached_unread_tokens: int = 0,
     tag: str = "",
+    operation: str = "answer",
 ) -> UsageRecord:
     """One row per generation, whatever its outcome: tokens generated before an error or a
     cancel are billed like any others (``detached_unread_tokens`` of them made while the
@@ -148,7 +149,8 @@ def usage_record_chat(
     ``price`` and ``energy`` (Wh per 1000 tokens) when its registry entry has them, its
     energy ``measured`` when a counter measured it (else estimated from ``energy``);
     ``requested_model`` the alias asked for, ``route_reason`` why ``model`` served it (a
-    short code); ``upstream`` the server (never shown to callers)."""
+    short code); ``upstream`` the server (never shown to callers); ``operation`` what
+    generated: an ``answer``, or a history ``summary``."""
     return UsageRecord.objects.create(
         team=team,
         api_key=api_key,
@@ -158,7 +160,7 @@ def usage_record_chat(
         requested_model=requested_model,
         route_reason=route_reason,
         upstream=upstream,
-        operation="answer",
+        operation=operation,
         object_id=object_id,
         tag=tag,
         **usage.columns(),
@@ -171,6 +173,7 @@ def usage_record_chat(
         dropped_passages=usage.dropped_passages,
         dropped_turns=usage.dropped_turns,
         summarized_turns=usage.summarized_turns,
+        dropped_tokens=usage.dropped_tokens,
     )
 
 

@@ -41,7 +41,10 @@ class Usage:
     dropped_turns: int = 0
     """History messages the window left out (oldest first)."""
     summarized_turns: int = 0
-    """History messages replaced by a summary (none yet: history is only dropped)."""
+    """History messages replaced by a summary (``HISTORY_POLICY=summarize``)."""
+    dropped_tokens: int = 0
+    """The tokens the passages and turns left out or summarised would have taken, each
+    counted on its own with the serving model's tokenizer."""
     tag: str = ""
     """The purpose tag the usage is charged under."""
 

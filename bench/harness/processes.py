@@ -153,15 +153,22 @@ def wait_ready(service: Service, url: str, *, timeout: float) -> None:
 
 
 def start_app(
-    services: Services, name: str, data_dir: Path, inference_base_url: str, **extra: str
+    services: Services,
+    name: str,
+    data_dir: Path,
+    inference_base_url: str,
+    *,
+    context_window: int = CONTEXT_WINDOW,
+    **extra: str,
 ) -> str:
-    """Start the app under uvicorn (one worker) on a free port; ``extra`` goes into its env."""
+    """Start the app under uvicorn (one worker) on a free port, told the tier's window is
+    ``context_window``; ``extra`` goes into its env."""
     port = free_port()
     env = service_env(
         data_dir,
         INFERENCE_BASE_URL=inference_base_url,
         INFERENCE_RUN_LOCAL="false",
-        MODEL_SMALL_CONTEXT_WINDOW=str(CONTEXT_WINDOW),
+        MODEL_SMALL_CONTEXT_WINDOW=str(context_window),
         **extra,
     )
     argv = [sys.executable, "-m", "uvicorn", "config.asgi:application"]

@@ -102,6 +102,16 @@ INFERENCE_MODELS: dict[str, object] = env.json("INFERENCE_MODELS", default={})
 # route() method (apps/chat/services/routers.py). The default answers with `small` up to
 # ROUTER_SMALL_MAX_PROMPT_TOKENS prompt tokens (passages included), else with `large`.
 ROUTER = env.str("ROUTER", default="apps.chat.services.routers.PromptLengthRouter")
+# History that overflows the window: `drop` the oldest turns, or `summarize` them into one
+# summary made by the small alias, cached per conversation (docs/context.md has the
+# figures behind the default). A summary is at most SUMMARY_MAX_TOKENS tokens; it covers
+# enough turns that the turns kept after it take at most SUMMARY_KEEP_SHARE of what `drop`
+# would keep, so the next answers reuse it; a build claimed by another answer of the same
+# conversation is waited on by none and taken over after SUMMARY_CLAIM_SECONDS.
+HISTORY_POLICY = env.str("HISTORY_POLICY", default="drop")
+SUMMARY_MAX_TOKENS = env.int("SUMMARY_MAX_TOKENS", default=160)
+SUMMARY_KEEP_SHARE = env.float("SUMMARY_KEEP_SHARE", default=0.5)
+SUMMARY_CLAIM_SECONDS = env.float("SUMMARY_CLAIM_SECONDS", default=300.0)
 ROUTER_SMALL_MAX_PROMPT_TOKENS = env.int("ROUTER_SMALL_MAX_PROMPT_TOKENS", default=1500)
 # The alias `usage_report` prices every chat row at to show what always answering with it
 # would have cost (the router's largest candidate).

@@ -102,6 +102,8 @@ def _window(prepared: PreparedAnswer) -> dict[str, Any]:
         "context_window": prepared.spec.context_window,
         "dropped_passages": prepared.dropped_passages,
         "dropped_turns": prepared.dropped_turns,
+        "summarized_turns": prepared.summarized_turns,
+        "dropped_tokens": prepared.dropped_tokens,
         "tag": prepared.caller.tag,
     }
 

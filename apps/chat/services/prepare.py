@@ -24,7 +24,14 @@ from apps.accounts.selectors import Caller
 from apps.chat.models import Conversation
 from apps.chat.response_cache import response_cache_key
 from apps.chat.selectors import conversation_history
-from apps.chat.services.registry import AUTO, ModelSpec, model_registry, output_tokens_resolve
+from apps.chat.services.compaction import (
+    NOTHING,
+    Compacted,
+    Overflow,
+    history_compact,
+    left_out_tokens,
+)
+from apps.chat.services.registry import AUTO, ModelSpec, output_tokens_resolve, worst_cost
 from apps.chat.services.request import AnswerRequest
 from apps.chat.services.routers import Route, RouteReason, auto_route
 from apps.chat.services.routing import candidates_narrow, first_fitting
@@ -40,7 +47,6 @@ from apps.usage.budgets import (
     models_permitted,
 )
 from apps.usage.models import Limit, Reservation
-from apps.usage.services import cost_of
 from inference import (
     SYSTEM_PROMPT,
     ChatMessage,
@@ -51,6 +57,7 @@ from inference import (
     Sampling,
     Tools,
     assemble_prompt,
+    summary_system,
 )
 
 HISTORY_MESSAGES = 40
@@ -93,6 +100,10 @@ class PreparedAnswer:
     """Passages found that the window left out."""
     dropped_turns: int = 0
     """History messages the window left out."""
+    summarized_turns: int = 0
+    """History messages a summary replaced (:mod:`.compaction`)."""
+    dropped_tokens: int = 0
+    """The tokens the passages and turns left out or summarised would have taken."""
     opening: str = ""
     """The system prompt and the first question of the exchange: the head of the prompt,
     the same on every turn, so a client that keeps no conversation here still sticks to
@@ -175,6 +186,7 @@ def _admit(request: AnswerRequest, *, hold: bool = True) -> _Admitted:
     started = time.monotonic()
     assemble = _Assembler(request, history=history, cap=cap)
     spec, bare = first_fitting(candidates, assemble)
+    bare = assemble.compact(spec, bare, conversation=conversation, build=hold)
     remaining = candidates[candidates.index(spec) :]
     held = bare.prompt_tokens + assemble.output_tokens(spec)
     cost = max(
@@ -197,19 +209,6 @@ def _admit(request: AnswerRequest, *, hold: bool = True) -> _Admitted:
     )
 
 
-def worst_cost(spec: ModelSpec, *, prompt: int, output: int) -> Decimal:
-    """The most ``prompt`` tokens and ``output`` more may cost if ``spec`` serves them: at
-    the dearest price of its alias and every alias it falls back to, the prompt all
-    uncached or all cached (whichever an operator priced higher)."""
-    return max(
-        cost_of(
-            model=entry.alias, prompt=prompt, cached=cached, completion=output, price=entry.price
-        )
-        for entry in model_registry().chain(spec.alias)
-        for cached in (0, prompt)
-    )
-
-
 def _ground(admitted: _Admitted) -> PreparedAnswer:
     """Retrieval, the prompt with its passages, routing and the response cache's key; the
     passages' tokens join the hold, all or nothing."""
@@ -228,7 +227,8 @@ def _ground(admitted: _Admitted) -> PreparedAnswer:
             tokens=held - admitted.held,
             cost=cost - admitted.cost,
         )
-    history = assemble.history
+    history, covered = assemble.history, assemble.compacted.covered
+    left_out = len(history) - prompt.history_messages
     return PreparedAnswer(
         caller=request.caller,
         conversation=admitted.conversation,
@@ -249,7 +249,14 @@ def _ground(admitted: _Admitted) -> PreparedAnswer:
         route_reason=route.reason,
         stream_grace=request.stream_grace,
         dropped_passages=len(results) - len(prompt.passages),
-        dropped_turns=len(history) - prompt.history_messages,
+        dropped_turns=left_out - covered,
+        summarized_turns=covered,
+        dropped_tokens=left_out_tokens(
+            spec.tokenizer,
+            passages=results[len(prompt.passages) :],
+            first=len(prompt.passages) + 1,
+            turns=history[:left_out],
+        ),
         opening=f"{assemble.system}\0{history[0]['content'] if history else request.content}",
     )
 
@@ -281,20 +288,50 @@ class _Assembler:
         self.tail = request.tail
         self.tools = request.tools.definitions if request.tools is not None else ()
         self.cap = cap
+        self.caller = request.caller
+        self.compacted = NOTHING
+        """The oldest turns' summary, when :meth:`compact` made or found one."""
         instructions = request.instructions
         self.system = f"{SYSTEM_PROMPT}\n\n{instructions}" if instructions else SYSTEM_PROMPT
 
     def output_tokens(self, spec: ModelSpec) -> int:
         return output_tokens_resolve(spec=spec, max_tokens=self.max_tokens, cap=self.cap)
 
-    def __call__(self, spec: ModelSpec, passages: Sequence[Passage] = ()) -> Prompt:
+    def compact(
+        self, spec: ModelSpec, bare: Prompt, *, conversation: Conversation | None, build: bool
+    ) -> Prompt:
+        """``bare`` with the history it drops summarised, when ``HISTORY_POLICY`` says so
+        (:func:`~.compaction.history_compact`); every later prompt carries that summary."""
+        budget = spec.context_window - self.output_tokens(spec)
+        whole = len(self.history) < HISTORY_MESSAGES - 1  # a cut read may lose a question
+        overflow = Overflow(self.caller, conversation, self.history, spec, bare, budget, whole)
+        self.compacted = history_compact(
+            overflow, lambda compacted: self(spec, compacted=compacted), build=build
+        )
+        if self.compacted is NOTHING:
+            return bare
+        try:
+            return self(spec)
+        except ContextLengthExceeded:  # the summary leaves the question no room: drop
+            self.compacted = NOTHING
+            return bare
+
+    def __call__(
+        self,
+        spec: ModelSpec,
+        passages: Sequence[Passage] = (),
+        *,
+        compacted: Compacted | None = None,
+    ) -> Prompt:
+        if compacted is None:
+            compacted = self.compacted
         try:
             return assemble_prompt(
                 tokenizer=spec.tokenizer,
                 question=self.question,
                 passages=passages,
-                history=self.history,
-                system=self.system,
+                history=self.history[compacted.covered :],
+                system=summary_system(self.system, compacted.summary),
                 context_window=spec.context_window,
                 max_output_tokens=self.output_tokens(spec),
                 max_chars_per_token=settings.MAX_CHARS_PER_TOKEN,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
@@ -19,6 +20,7 @@ from django.core.signals import setting_changed
 from django.dispatch import receiver
 
 from apps.core.exceptions import InvalidRequest, NotFound
+from apps.usage.services import cost_of
 from inference import (
     ModelEntry,
     Registry,
@@ -183,3 +185,16 @@ def text_count(*, alias: str | None, text: str) -> TokenCount:
     """``text``'s tokens with the tokenizer of the model ``alias`` names."""
     entry = model_alias_resolve(alias=alias)
     return TokenCount(model=entry.alias, tokens=entry.tokenizer.load().count(text) if text else 0)
+
+
+def worst_cost(spec: ModelSpec, *, prompt: int, output: int) -> Decimal:
+    """The most ``prompt`` tokens and ``output`` more may cost if ``spec`` serves them: at
+    the dearest price of its alias and every alias it falls back to, the prompt all
+    uncached or all cached (whichever an operator priced higher)."""
+    return max(
+        cost_of(
+            model=entry.alias, prompt=prompt, cached=cached, completion=output, price=entry.price
+        )
+        for entry in model_registry().chain(spec.alias)
+        for cached in (0, prompt)
+    )

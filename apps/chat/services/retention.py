@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from apps.accounts.models import Team
 from apps.chat.event_store import event_buffers_delete
-from apps.chat.models import Conversation, Message, MessageEvent
+from apps.chat.models import Conversation, ConversationSummary, Message, MessageEvent
 from apps.chat.response_cache import response_cache_expire, response_cache_purge
 from apps.core.audit import SYSTEM, Actor, audit_record
 from apps.core.models import AuditEvent
@@ -56,6 +56,8 @@ def conversations_purge(
     )
     while ids := list(old.values_list("pk", flat=True)[:PURGE_BATCH]):
         with transaction.atomic():
+            # A summary holds what the purged turns said: it goes with them.
+            ConversationSummary.objects.filter(conversation__messages__pk__in=ids).delete()
             _, counts = Message.objects.filter(pk__in=ids).delete()
         purged += Purged(
             messages=counts.get(Message._meta.label, 0),
