@@ -5,7 +5,7 @@ Nothing here imports Django; the apps call this package, never the reverse.
 """
 
 from retrieval.analysis import KeywordQuery, keyword_query, keyword_tokens
-from retrieval.bm25 import KeywordSearcher
+from retrieval.bm25 import BM25Parameters, KeywordSearcher
 from retrieval.bounded import parse_document_bounded
 from retrieval.chunking import Chunk, chunk_document, embedding_text
 from retrieval.embedders import (
@@ -63,6 +63,7 @@ __all__ = [
     "FUSION_METHODS",
     "MEDIA_TYPES",
     "RRF_K",
+    "BM25Parameters",
     "Block",
     "Chunk",
     "DocumentTooLarge",
