@@ -376,3 +376,23 @@ def test_another_teams_chunks_never_enter_the_fusion(
     # Not returned, and not even seen: a score normalised over their chunks would move.
     assert after == before
     assert {r["collection_id"] for r in after} == {own.pk}
+
+
+@pytest.mark.parametrize(
+    ("setting", "value", "named"),
+    [
+        ("SEARCH_FUSION", "borda", "SEARCH_FUSION"),
+        ("SEARCH_FUSION_ALPHA", 1.5, "SEARCH_FUSION_ALPHA"),
+        ("SEARCH_FUSION_DEPTH", 0, "SEARCH_FUSION_DEPTH"),
+        ("KEYWORD_BM25_B", 2.0, "KEYWORD_BM25_B"),
+    ],
+)
+def test_search_settings_out_of_range_fail_the_system_check(
+    settings: Any, setting: str, value: object, named: str
+) -> None:
+    from apps.knowledge.checks import search_settings_check
+
+    assert search_settings_check() == []
+    setattr(settings, setting, value)
+    (error,) = search_settings_check()
+    assert error.id == "knowledge.E001" and named in error.msg
