@@ -80,14 +80,15 @@ def test_each_mode_finds_by_its_own_means(api: APIClient, library: Collection, m
     assert results[0]["title"] == "Fans"
     if mode == "keyword":  # only chunks holding a query term, scored by BM25
         assert [r["title"] for r in results] == ["Fans"]
-    if mode == "hybrid":  # fused reciprocal ranks: first in both lists
-        assert results[0]["score"] == pytest.approx(2 / 61)
+    if mode == "hybrid":  # z-scores (the default), alpha 0.5: top of dense, keyword's only
+        assert results[0]["score"] == pytest.approx(0.5 * 1 + 0.5 * 1)
 
 
-def test_the_default_mode_is_hybrid(api: APIClient, library: Collection) -> None:
+def test_the_default_mode_is_hybrid_fused_by_z_scores(api: APIClient, library: Collection) -> None:
     default = search(api, query="cafeteria soup")
     assert default == search(api, query="cafeteria soup", mode="hybrid")
-    assert default[0]["score"] == pytest.approx(2 / 61)
+    # Dense z-scores 1 and -1; the one keyword hit 1, the missing at 0; alpha 0.5.
+    assert [r["score"] for r in default] == [pytest.approx(1.0), pytest.approx(-0.5)]
 
 
 def test_keyword_mode_charges_nothing_and_dense_modes_charge_the_query(
