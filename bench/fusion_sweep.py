@@ -84,6 +84,39 @@ def chosen_fusion(
     return best_of([row for row in close if row[0].depth == shallowest])
 
 
+def print_keyword_table(rows: Sequence[tuple[retrieval.BM25Parameters, quality.Scores]]) -> None:
+    print(f"{'k1':>5}  {'b':>5}  {'nDCG@10':>8}  {'recall@100':>10}")
+    for parameters, scores in rows:
+        print(
+            f"{parameters.k1:>5.2f}  {parameters.b:>5.2f}  "
+            f"{scores.ndcg_at_10:>8.4f}  {scores.recall_at_100:>10.4f}"
+        )
+
+
+def print_fusion_table(rows: Sequence[tuple[retrieval.FusionPolicy, quality.Scores]]) -> None:
+    print(f"{'fusion':<7}  {'alpha':>5}  {'depth':>5}  {'nDCG@10':>8}  {'recall@100':>10}")
+    for policy, scores in rows:
+        alpha = "-" if policy.method == "rrf" else f"{policy.alpha:.2f}"
+        print(
+            f"{policy.method:<7}  {alpha:>5}  {policy.depth:>5}  "
+            f"{scores.ndcg_at_10:>8.4f}  {scores.recall_at_100:>10.4f}"
+        )
+
+
+def summary(
+    bm25: retrieval.BM25Parameters,
+    policy: retrieval.FusionPolicy,
+    scores: dict[str, quality.Scores],
+) -> dict[str, object]:
+    """The chosen settings and each mode's dev figures: the sweep's last line."""
+    return {
+        "bm25": {"k1": bm25.k1, "b": bm25.b},
+        "fusion": {"method": policy.method, "alpha": policy.alpha, "depth": policy.depth},
+        "ndcg_at_10": {mode: round(s.ndcg_at_10, 4) for mode, s in scores.items()},
+        "recall_at_100": {mode: round(s.recall_at_100, 4) for mode, s in scores.items()},
+    }
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", type=Path, default=(REPO_ROOT / DEFAULT_DEV).resolve())
@@ -102,42 +135,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     keyword_rows = keyword_stage(run, K1S, BS)
     print(f"\nBM25 alone on {args.data.name} ({len(run.query_ids)} queries):")
-    print(f"{'k1':>5}  {'b':>5}  {'nDCG@10':>8}  {'recall@100':>10}")
-    for parameters, scores in keyword_rows:
-        print(
-            f"{parameters.k1:>5.2f}  {parameters.b:>5.2f}  "
-            f"{scores.ndcg_at_10:>8.4f}  {scores.recall_at_100:>10.4f}"
-        )
+    print_keyword_table(keyword_rows)
     bm25, bm25_scores = best_of(keyword_rows)
     run.use_keyword(bm25)
 
     fusion_rows = [(policy, run.score_hybrid(policy)) for policy in fusion_policies(ALPHAS, DEPTHS)]
     print(f"\nhybrid with BM25 k1={bm25.k1}, b={bm25.b}:")
-    print(f"{'fusion':<7}  {'alpha':>5}  {'depth':>5}  {'nDCG@10':>8}  {'recall@100':>10}")
-    for policy, scores in fusion_rows:
-        alpha = "-" if policy.method == "rrf" else f"{policy.alpha:.2f}"
-        print(
-            f"{policy.method:<7}  {alpha:>5}  {policy.depth:>5}  "
-            f"{scores.ndcg_at_10:>8.4f}  {scores.recall_at_100:>10.4f}"
-        )
+    print_fusion_table(fusion_rows)
     policy, scores = chosen_fusion(fusion_rows, tolerance=args.tolerance)
-    dense = run.score_dense()
-    chosen = {
-        "bm25": {"k1": bm25.k1, "b": bm25.b},
-        "fusion": {"method": policy.method, "alpha": policy.alpha, "depth": policy.depth},
-        "ndcg_at_10": {
-            "dense": round(dense.ndcg_at_10, 4),
-            "keyword": round(bm25_scores.ndcg_at_10, 4),
-            "hybrid": round(scores.ndcg_at_10, 4),
-        },
-        "recall_at_100": {
-            "dense": round(dense.recall_at_100, 4),
-            "keyword": round(bm25_scores.recall_at_100, 4),
-            "hybrid": round(scores.recall_at_100, 4),
-        },
-    }
+    figures = {"dense": run.score_dense(), "keyword": bm25_scores, "hybrid": scores}
     print()
-    print(json.dumps(chosen))
+    print(json.dumps(summary(bm25, policy, figures)))
     return 0
 
 
