@@ -20,7 +20,8 @@ split (``bench/fusion_sweep.py``); the figures are in docs/retrieval.md.
 
 from __future__ import annotations
 
-import statistics
+import heapq
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal, get_args
@@ -117,14 +118,11 @@ def normalised_score_fusion(
     empty list adds nothing. Each ``Hit.score`` is the fused score."""
     if not 0.0 <= alpha <= 1.0:
         raise ValueError(f"alpha must be in [0, 1], not {alpha}")
-    weighted = [(alpha, normalise(dense)), (1.0 - alpha, normalise(keyword))]
-    ids = {item for _, normalised in weighted for item in normalised.scores}
+    first, second = normalise(dense), normalise(keyword)
     fused = {
-        item: sum(
-            weight * normalised.scores.get(item, normalised.floor)
-            for weight, normalised in weighted
-        )
-        for item in ids
+        item: alpha * first.scores.get(item, first.floor)
+        + (1.0 - alpha) * second.scores.get(item, second.floor)
+        for item in first.scores.keys() | second.scores.keys()
     }
     return _ordered(fused, limit)
 
@@ -149,8 +147,9 @@ def z_scores(hits: Sequence[Hit]) -> Normalised:
     best = _best_scores(hits)
     if not best:
         return Normalised({}, 0.0)
-    mean = statistics.fmean(best.values())
-    deviation = statistics.pstdev(best.values(), mu=mean)
+    # Plain float sums: statistics.pstdev computes exactly, in fractions, which costs more.
+    mean = math.fsum(best.values()) / len(best)
+    deviation = math.sqrt(math.fsum((score - mean) ** 2 for score in best.values()) / len(best))
     if deviation == 0:
         return _found_only(best)
     scores = {item: (score - mean) / deviation for item, score in best.items()}
@@ -170,7 +169,14 @@ def _best_scores(hits: Sequence[Hit]) -> dict[int, float]:
 
 
 def _ordered(fused: dict[int, float], limit: int | None) -> list[Hit]:
-    ordered = sorted(fused.items(), key=lambda item: (-item[1], item[0]))
-    if limit is not None:
-        ordered = ordered[: max(limit, 0)]
+    """Best first, equal scores by id; only the best ``limit`` are sorted."""
+    items = fused.items()
+    if limit is None:
+        ordered = sorted(items, key=_best_first)
+    else:
+        ordered = heapq.nsmallest(max(limit, 0), items, key=_best_first)
     return [Hit(item_id, score) for item_id, score in ordered]
+
+
+def _best_first(item: tuple[int, float]) -> tuple[float, int]:
+    return -item[1], item[0]
