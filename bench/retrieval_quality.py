@@ -1,8 +1,9 @@
-"""Retrieval quality of the product's own pipeline on BEIR SciFact (test split).
+"""Retrieval quality of the product's own pipeline on BEIR SciFact (test or dev split).
 
 What is measured
-    nDCG@10 and recall@100 of the 300 SciFact test claims against the 5,183 abstracts,
-    for each search mode the product has: ``dense``, ``keyword`` and ``hybrid``.
+    nDCG@10 and recall@100 of the 300 SciFact test claims (or the 400 dev claims)
+    against the 5,183 abstracts, for each search mode the product has: ``dense``,
+    ``keyword`` and ``hybrid``.
 
     dense: retrieved the way ragtier retrieves: every abstract becomes a
     ``retrieval.ParsedDocument`` (its title, one ``retrieval.Block`` per paragraph of its
@@ -15,11 +16,16 @@ What is measured
 
     keyword: the same chunks' ``embedding_text`` (title, headings, text: what ingestion
     indexes) in a ``retrieval.KeywordIndex`` (bm25s's Lucene BM25, English stop words
-    and Snowball stems), searched with each claim's text.
+    and Snowball stems), searched with each claim's text, scored with the product's
+    ``KEYWORD_BM25_K1`` and ``KEYWORD_BM25_B``.
 
-    hybrid: ``retrieval.reciprocal_rank_fusion`` (k = 60) of the dense and keyword chunk
-    rankings, each read to the bench's depth, as ``chunk_search`` fuses them. Nothing is
-    tuned on these queries: k and the analyser are fixed on principle.
+    hybrid: ``retrieval.fuse`` of the dense and keyword chunk rankings as the product's
+    settings say (``SEARCH_FUSION``, ``SEARCH_FUSION_ALPHA``, ``SEARCH_FUSION_DEPTH``),
+    as ``chunk_search`` fuses them: each list read to the fusion depth (what a search of
+    up to that many chunks fuses).
+    ``--fusion``, ``--alpha``, ``--fusion-depth``, ``--k1`` and ``--b`` override the
+    settings. The defaults were chosen on the dev split (``bench/fusion_sweep.py``),
+    never on test: docs/retrieval.md.
 
     With ``--compare-plain`` (the default) the MTEB-style baseline runs beside it on the
     same model and queries: one vector per abstract from ``title + " " + text``, truncated
@@ -38,7 +44,8 @@ How
 Run
     HF_HUB_OFFLINE=1 .venv/bin/python bench/retrieval_quality.py [--data DIR] [--json]
 
-    ``--data`` defaults to ``../shared/data/scifact`` from the repository root. With
+    ``--data`` defaults to ``../shared/data/scifact`` (test) from the repository root;
+    ``../shared/data/scifact-dev`` is the dev split. With
     ``--json`` the last line is one JSON object: ``{"ndcg_at_10": {"dense": x, "keyword":
     y, "hybrid": z}, "recall_at_100": {...}}``.
 """
@@ -270,6 +277,121 @@ def seconds_text(embedded: Embedded) -> str:
     return f"{embedded.seconds:.1f} s" + (" (cached)" if embedded.cached else "")
 
 
+def product_defaults() -> tuple[retrieval.FusionPolicy, retrieval.BM25Parameters]:
+    """Hybrid search's fusion and BM25 parameters as the product's settings give them
+    (config/settings/retrieval.py, environment overrides included)."""
+    from config.settings import retrieval as settings
+
+    policy = retrieval.FusionPolicy(
+        method=settings.SEARCH_FUSION,
+        alpha=settings.SEARCH_FUSION_ALPHA,
+        depth=settings.SEARCH_FUSION_DEPTH,
+    )
+    return policy, retrieval.BM25Parameters(k1=settings.KEYWORD_BM25_K1, b=settings.KEYWORD_BM25_B)
+
+
+@dataclass
+class Pipeline:
+    """One split's chunks, embeddings and rankings, scored per mode as the product ranks.
+
+    ``depth``: chunks each single-mode search reads (then grouped by document). ``hybrid``
+    reads each list to the fusion policy's depth, as ``chunk_search`` does for any
+    ``top_k`` up to it.
+    """
+
+    corpus: list[Doc]
+    query_ids: list[str]
+    query_texts: list[str]
+    qrels: Qrels
+    owners: npt.NDArray[np.int64]
+    keyword_index: retrieval.KeywordIndex
+    dense_hits: list[list[retrieval.Hit]]
+    depth: int
+    keyword_hits: list[list[retrieval.Hit]] | None = None
+
+    @classmethod
+    def load(cls, data: Path, *, cache_dir: Path | None, depth: int = 1000) -> Pipeline:
+        corpus, queries, qrels = load_split(data)
+        query_ids = sorted(qrels)
+        embedder = retrieval.SentenceTransformerEmbedder()
+        texts, owners, _ = chunk_corpus(corpus, embedder)
+        chunked = embed_all(embedder, texts, label="chunks", cache_dir=cache_dir)
+        query_texts = [queries[q] for q in query_ids]
+        queried = embed_all(embedder, query_texts, label="queries", cache_dir=cache_dir)
+        ids = np.arange(len(texts), dtype=np.int64)
+        dense_hits = build_index(chunked.vectors).search(queried.vectors, depth)
+        keywords = retrieval.KeywordIndex.build(ids, texts)
+        return cls(corpus, query_ids, query_texts, qrels, owners, keywords, dense_hits, depth)
+
+    def scores(self, rankings: Sequence[Sequence[retrieval.Hit]]) -> Scores:
+        run, _ = documents_of(rankings, self.query_ids, self.owners, self.corpus, k=100)
+        return evaluate(run, self.qrels)
+
+    def use_keyword(self, parameters: retrieval.BM25Parameters) -> None:
+        index, depth = self.keyword_index, self.depth
+        self.keyword_hits = [
+            index.search(text, depth, parameters=parameters) for text in self.query_texts
+        ]
+
+    def score_dense(self) -> Scores:
+        return self.scores(self.dense_hits)
+
+    def score_keyword(self, parameters: retrieval.BM25Parameters) -> Scores:
+        self.use_keyword(parameters)
+        return self.scores(self.keyword_hits or [])
+
+    def score_hybrid(self, policy: retrieval.FusionPolicy) -> Scores:
+        """Both figures from one search whose lists are read to the policy's depth, as
+        ``chunk_search`` reads them for any ``top_k`` up to that depth."""
+        return self.scores(self.fused(policy, retrieval.fusion_depth(0, policy.depth)))
+
+    def fused(self, policy: retrieval.FusionPolicy, depth: int) -> list[list[retrieval.Hit]]:
+        if self.keyword_hits is None:
+            raise RuntimeError("use_keyword() first")
+        return [
+            retrieval.fuse(dense[:depth], keyword[:depth], policy=policy)
+            for dense, keyword in zip(self.dense_hits, self.keyword_hits, strict=True)
+        ]
+
+
+def pipeline_settings(
+    args: argparse.Namespace,
+) -> tuple[retrieval.FusionPolicy, retrieval.BM25Parameters]:
+    """The product's defaults, each overridden where the command line names it."""
+    policy, bm25 = product_defaults()
+    policy = retrieval.FusionPolicy(
+        method=args.fusion or policy.method,
+        alpha=policy.alpha if args.alpha is None else args.alpha,
+        depth=args.fusion_depth or policy.depth,
+    )
+    bm25 = retrieval.BM25Parameters(
+        k1=bm25.k1 if args.k1 is None else args.k1, b=bm25.b if args.b is None else args.b
+    )
+    return policy, bm25
+
+
+def corpus_file(data: Path) -> Path:
+    """``data/corpus.jsonl``, or the file it names where it is a link stored as text (the
+    dev split's names the test split's corpus, as a symlink kept by a tool without
+    symlinks reads)."""
+    path = data / "corpus.jsonl"
+    if path.stat().st_size < 1024:
+        target = data / path.read_text(encoding="utf-8").strip()
+        if target.is_file():
+            return target
+    return path
+
+
+def load_split(data: Path) -> tuple[list[Doc], dict[str, str], Qrels]:
+    corpus = load_corpus(corpus_file(data))
+    queries = load_queries(data / "queries.jsonl")
+    qrels = load_qrels(data / "qrels" / "test.tsv")
+    missing = sorted(set(qrels) - set(queries))
+    if missing:
+        raise SystemExit(f"{len(missing)} judged queries are missing from queries.jsonl")
+    return corpus, queries, qrels
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -297,6 +419,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--batch-size", type=int, default=64, help="embedder batch size")
     parser.add_argument(
+        "--fusion", choices=retrieval.FUSION_METHODS, help="hybrid's fusion (default: settings)"
+    )
+    parser.add_argument("--alpha", type=float, help="dense weight of a score fusion")
+    parser.add_argument("--fusion-depth", type=int, help="chunks each list is read to")
+    parser.add_argument("--k1", type=float, help="BM25 k1 (default: settings)")
+    parser.add_argument("--b", type=float, help="BM25 b (default: settings)")
+    parser.add_argument(
         "--cache-dir",
         type=Path,
         default=Path(tempfile.gettempdir()) / "ragtier-bench-cache",
@@ -307,18 +436,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     data = data_dir(args.data)
     cache_dir: Path | None = None if args.no_cache else args.cache_dir
-    corpus = load_corpus(data / "corpus.jsonl")
-    queries = load_queries(data / "queries.jsonl")
-    qrels = load_qrels(data / "qrels" / "test.tsv")
-    missing = sorted(set(qrels) - set(queries))
-    if missing:
-        parser.error(f"{len(missing)} judged queries are missing from queries.jsonl")
+    corpus, queries, qrels = load_split(data)
     query_ids = sorted(qrels)
 
     started = time.perf_counter()
     embedder = retrieval.SentenceTransformerEmbedder(batch_size=args.batch_size)
     load_seconds = time.perf_counter() - started
-    print(f"SciFact test: {data}")
+    print(f"SciFact: {data}")
     print(
         f"model: {embedder.model_name} on {embedder.device} "
         f"(dim {embedder.dimension}, max {embedder.max_tokens} tokens), "
@@ -345,24 +469,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     chunk_search_seconds = time.perf_counter() - search_started
 
     # The other two modes, through the product's own classes: the keyword index over the
-    # chunks' embedding texts (what ingestion indexes), and rank fusion of both rankings.
+    # chunks' embedding texts (what ingestion indexes), and the fusion of both rankings.
+    policy, bm25 = pipeline_settings(args)
     keyword_started = time.perf_counter()
     keyword_index = retrieval.KeywordIndex.build(
         np.arange(len(chunk_texts), dtype=np.int64), chunk_texts
     )
     keyword_build_seconds = time.perf_counter() - keyword_started
+    pipeline = Pipeline(
+        corpus,
+        query_ids,
+        [queries[q] for q in query_ids],
+        qrels,
+        owners,
+        keyword_index,
+        dense_hits,
+        args.depth,
+    )
     keyword_started = time.perf_counter()
-    keyword_hits = [keyword_index.search(queries[q], args.depth) for q in query_ids]
+    mode_scores: dict[str, Scores] = {
+        "dense": chunk_scores,
+        "keyword": pipeline.score_keyword(bm25),
+    }
     keyword_search_seconds = time.perf_counter() - keyword_started
-    depth = retrieval.fusion_depth(args.depth)
-    hybrid_hits = [
-        retrieval.reciprocal_rank_fusion([dense[:depth], keyword[:depth]], limit=depth)
-        for dense, keyword in zip(dense_hits, keyword_hits, strict=True)
-    ]
-    mode_scores: dict[str, Scores] = {"dense": chunk_scores}
-    for mode, hits in (("keyword", keyword_hits), ("hybrid", hybrid_hits)):
-        mode_run, _ = documents_of(hits, query_ids, owners, corpus, k=100)
-        mode_scores[mode] = evaluate(mode_run, qrels)
+    mode_scores["hybrid"] = pipeline.score_hybrid(policy)
 
     rows: list[tuple[str, str, str]] = [
         ("documents", f"{len(corpus)}", f"{len(corpus)}"),
@@ -439,11 +569,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"top {args.depth} chunks; raise --depth"
         )
     print()
+    fusion = (
+        f"RRF k={policy.rrf_k}"
+        if policy.method == "rrf"
+        else f"{policy.method} alpha={policy.alpha}"
+    )
     print(
         f"search modes over the same {len(chunk_texts)} chunks (keyword index built in "
         f"{keyword_build_seconds:.1f} s; {len(query_ids)} keyword searches "
-        f"{keyword_search_seconds:.2f} s; hybrid = RRF k={retrieval.RRF_K} over the top "
-        f"{depth} chunks of each):"
+        f"{keyword_search_seconds:.2f} s; BM25 k1={bm25.k1} b={bm25.b}; hybrid = {fusion}, "
+        f"each list read to {policy.depth} chunks):"
     )
     print(f"{'mode':<8}  {'nDCG@10':>8}  {'recall@100':>10}")
     for mode in MODES:

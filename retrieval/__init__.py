@@ -5,7 +5,7 @@ Nothing here imports Django; the apps call this package, never the reverse.
 """
 
 from retrieval.analysis import KeywordQuery, keyword_query, keyword_tokens
-from retrieval.bm25 import KeywordSearcher
+from retrieval.bm25 import BM25Parameters, KeywordSearcher
 from retrieval.bounded import parse_document_bounded
 from retrieval.chunking import Chunk, chunk_document, embedding_text
 from retrieval.embedders import (
@@ -23,7 +23,20 @@ from retrieval.errors import (
     RetrievalError,
     UnsupportedDocument,
 )
-from retrieval.fusion import FUSION_DEPTH, RRF_K, fusion_depth, reciprocal_rank_fusion
+from retrieval.fusion import (
+    FUSION_DEPTH,
+    FUSION_METHODS,
+    RRF_K,
+    FusionMethod,
+    FusionPolicy,
+    Normalised,
+    fuse,
+    fusion_depth,
+    min_max_scores,
+    normalised_score_fusion,
+    reciprocal_rank_fusion,
+    z_scores,
+)
 from retrieval.hits import Hit
 from retrieval.index import (
     IndexKind,
@@ -47,8 +60,10 @@ from retrieval.store import IndexStore, remove_entry
 
 __all__ = [
     "FUSION_DEPTH",
+    "FUSION_METHODS",
     "MEDIA_TYPES",
     "RRF_K",
+    "BM25Parameters",
     "Block",
     "Chunk",
     "DocumentTooLarge",
@@ -56,6 +71,8 @@ __all__ = [
     "EmbedderUnavailable",
     "Embeddings",
     "FakeEmbedder",
+    "FusionMethod",
+    "FusionPolicy",
     "Hit",
     "IndexCorrupted",
     "IndexKind",
@@ -65,6 +82,7 @@ __all__ = [
     "KeywordIndex",
     "KeywordQuery",
     "KeywordSearcher",
+    "Normalised",
     "ParsedDocument",
     "RetrievalError",
     "Segment",
@@ -76,16 +94,20 @@ __all__ = [
     "default_model_path",
     "detect_media_type",
     "embedding_text",
+    "fuse",
     "fusion_depth",
     "gpu_count",
     "keyword_query",
     "keyword_tokens",
     "kind_for_size",
     "load_embedder",
+    "min_max_scores",
+    "normalised_score_fusion",
     "parse_document",
     "parse_document_bounded",
     "pdf_page_count",
     "reciprocal_rank_fusion",
     "remove_entry",
     "set_search_threads",
+    "z_scores",
 ]

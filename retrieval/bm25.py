@@ -7,7 +7,7 @@ and two bm25s indexes cannot be merged: any write rebuilt the whole collection. 
 frequencies and chunk lengths) of the chunks it was built from, and
 :class:`KeywordSearcher` scores a query over any set of such segments with the
 statistics (chunk count, document frequencies, mean length) of their live chunks taken
-together: exactly bm25s's ``lucene`` BM25 (k1 = 1.5, b = 0.75, idf = ln(1 + (N - df +
+together: exactly bm25s's ``lucene`` BM25 (k1 = 1.5, b = 0.75 by default, idf = ln(1 + (N - df +
 0.5) / (df + 0.5)), tf / (tf + k1 (1 - b + b dl / avgdl))). So a base plus delta segments
 minus tombstones ranks exactly as one index rebuilt from the same chunks (the same sums
 of the same terms, bit for bit), and adding a document tokenises only that document.
@@ -36,6 +36,25 @@ K1 = 1.5
 B = 0.75
 
 
+@dataclass(frozen=True, slots=True)
+class BM25Parameters:
+    """BM25's term-frequency saturation ``k1`` and length normalisation ``b``.
+
+    Both apply at query time (the postings keep raw term frequencies), so changing them
+    needs no reindex. The product's values are settings (``KEYWORD_BM25_K1``,
+    ``KEYWORD_BM25_B``), chosen on SciFact's dev split: docs/retrieval.md.
+    """
+
+    k1: float = K1
+    b: float = B
+
+    def __post_init__(self) -> None:
+        if self.k1 < 0:
+            raise ValueError(f"BM25 k1 must be >= 0, not {self.k1}")
+        if not 0.0 <= self.b <= 1.0:
+            raise ValueError(f"BM25 b must be in [0, 1], not {self.b}")
+
+
 class KeywordSearcher:
     """BM25 over several segments as if they were one index of their live chunks.
 
@@ -44,7 +63,12 @@ class KeywordSearcher:
     the scores are those of one index built from exactly those chunks.
     """
 
-    def __init__(self, parts: Sequence[tuple[KeywordIndex, Ids]]) -> None:
+    def __init__(
+        self,
+        parts: Sequence[tuple[KeywordIndex, Ids]],
+        *,
+        parameters: BM25Parameters = BM25Parameters(),
+    ) -> None:
         alive = [~np.isin(index._ids, dead) if len(dead) else None for index, dead in parts]
         self._count = sum(
             len(index) if a is None else int(a.sum())
@@ -55,9 +79,10 @@ class KeywordSearcher:
             for (index, _), a in zip(parts, alive, strict=True)
         )
         mean_length = total / self._count if total else 1.0
+        k1, b = parameters.k1, parameters.b
         # Per chunk, the part of BM25's denominator that does not depend on the term.
         self._parts = [
-            _Part(index, a, (K1 * ((1 - B) + B * index.lengths / mean_length)).astype(np.float32))
+            _Part(index, a, (k1 * ((1 - b) + b * index.lengths / mean_length)).astype(np.float32))
             for (index, _), a in zip(parts, alive, strict=True)
         ]
 

@@ -27,7 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 from retrieval.analysis import LANGUAGE, KeywordQuery, stemmer
-from retrieval.bm25 import KeywordSearcher
+from retrieval.bm25 import BM25Parameters, KeywordSearcher
 from retrieval.errors import IndexCorrupted
 from retrieval.files import folder_write, fsync_directory
 from retrieval.hits import Hit
@@ -63,6 +63,7 @@ class KeywordIndex:
         self.indptr = _array(indptr, np.int64, len(self.vocabulary) + 1)
         self.rows = _array(rows, np.int32, 0)
         self.tfs = _array(tfs, np.int32, 0)
+        self._searchers: dict[BM25Parameters, KeywordSearcher] = {}
         if len(self.lengths) != count or len(self.indptr) != len(self.vocabulary) + 1:
             raise IndexCorrupted(
                 f"keyword index holds {len(self.lengths)} lengths and "
@@ -171,18 +172,28 @@ class KeywordIndex:
         arrays = (self._ids, self.lengths, self.indptr, self.rows, self.tfs)
         return sum(array.nbytes for array in arrays) + 64 * len(self.vocabulary)
 
-    def search(self, query: str | KeywordQuery, k: int, *, allowed: Ids | None = None) -> list[Hit]:
+    def search(
+        self,
+        query: str | KeywordQuery,
+        k: int,
+        *,
+        allowed: Ids | None = None,
+        parameters: BM25Parameters | None = None,
+    ) -> list[Hit]:
         """The ``k`` best chunks holding at least one of the query's terms, best first.
 
         ``query``: text, or its terms from :func:`keyword_query` (where a cap applies).
         ``allowed``: only these chunk ids may be returned; the mask applies to every
-        chunk's score before the top ``k`` are taken.
+        chunk's score before the top ``k`` are taken. ``parameters``: BM25's k1 and b
+        (None: bm25s's defaults).
         """
-        return self._searcher.search(query, k, allowed=allowed)
+        return self._searcher(parameters or BM25Parameters()).search(query, k, allowed=allowed)
 
-    @functools.cached_property
-    def _searcher(self) -> KeywordSearcher:
-        return KeywordSearcher([(self, _NO_IDS)])
+    def _searcher(self, parameters: BM25Parameters) -> KeywordSearcher:
+        # One searcher per parameter set: it holds each chunk's length normalisation.
+        if parameters not in self._searchers:
+            self._searchers[parameters] = KeywordSearcher([(self, _NO_IDS)], parameters=parameters)
+        return self._searchers[parameters]
 
     def write(self, path: Path) -> None:
         """Write atomically: a temporary folder beside ``path``, every file fsynced, then

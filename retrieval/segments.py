@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from retrieval.analysis import KeywordQuery
-from retrieval.bm25 import KeywordSearcher
+from retrieval.bm25 import BM25Parameters, KeywordSearcher
 from retrieval.errors import IndexCorrupted
 from retrieval.files import folder_write
 from retrieval.hits import Hit
@@ -120,7 +120,7 @@ class SegmentedIndex:
             else segment.vectors.ids()
             for segment, dead in zip(self.segments, self.dead, strict=True)
         ]
-        self._keywords: KeywordSearcher | None = None
+        self._keywords: dict[BM25Parameters, KeywordSearcher] = {}
 
     def __len__(self) -> int:
         return sum(len(live) for live in self._live)
@@ -150,13 +150,22 @@ class SegmentedIndex:
         ]
 
     def keyword_search(
-        self, query: str | KeywordQuery, k: int, *, allowed: Ids | None = None
+        self,
+        query: str | KeywordQuery,
+        k: int,
+        *,
+        allowed: Ids | None = None,
+        parameters: BM25Parameters | None = None,
     ) -> list[Hit]:
-        if self._keywords is None:
-            self._keywords = KeywordSearcher(
-                [(s.keywords, dead) for s, dead in zip(self.segments, self.dead, strict=True)]
+        """BM25 over the live chunks with ``parameters`` (None: bm25s's k1 and b)."""
+        parameters = parameters or BM25Parameters()
+        if parameters not in self._keywords:
+            # One searcher per parameter set: it holds each chunk's length normalisation.
+            self._keywords[parameters] = KeywordSearcher(
+                [(s.keywords, dead) for s, dead in zip(self.segments, self.dead, strict=True)],
+                parameters=parameters,
             )
-        return self._keywords.search(query, k, allowed=allowed)
+        return self._keywords[parameters].search(query, k, allowed=allowed)
 
     def compact(
         self,

@@ -324,7 +324,7 @@ def search_mode_field() -> serializers.ChoiceField:
     return serializers.ChoiceField(
         choices=list(services.SEARCH_MODES),
         default=services.DEFAULT_SEARCH_MODE,
-        help_text="hybrid (default): meaning and exact words, fused by reciprocal rank; "
+        help_text="hybrid (default): meaning and exact words, their scores fused; "
         "dense: meaning only (embeds the query); keyword: BM25 over the words only (no "
         "embedding, no tokens charged)",
     )
@@ -375,7 +375,8 @@ class SearchApi(APIView):
         """Retrieval only: the chunks best matching ``query``, best first, across the
         caller's collections (all of them unless ``collections`` names some).
 
-        ``mode``: ``hybrid`` (default; ``score`` is the fused reciprocal-rank score),
+        ``mode``: ``hybrid`` (default; ``score`` is the fused score: by default the
+        weighted sum of each list's z-scores, comparable within one answer only),
         ``dense`` (cosine similarity) or ``keyword`` (BM25; no tokens charged).
         ``filters`` narrow the chunks searched by document id or title."""
         data = validated(self.InputSerializer, request)

@@ -38,6 +38,16 @@ INDEX_DIR = DATA_DIR / "indexes"
 # Keyword search scores at most this many distinct terms of a query (the first used):
 # a chat question may be far longer than any search (SciFact's longest uses 24 words).
 KEYWORD_MAX_QUERY_TERMS = env.int("KEYWORD_MAX_QUERY_TERMS", default=64)
+# BM25's k1 and b, applied at query time (no reindex needed to change them); chosen on
+# SciFact's dev split, as are the fusion settings below (docs/retrieval.md).
+KEYWORD_BM25_K1 = env.float("KEYWORD_BM25_K1", default=0.9)
+KEYWORD_BM25_B = env.float("KEYWORD_BM25_B", default=0.3)
+# How hybrid search fuses the dense and keyword lists: rrf (reciprocal ranks, k = 60),
+# minmax or zscore (each list's scores normalised, then SEARCH_FUSION_ALPHA * dense +
+# (1 - alpha) * keyword). Each list is read at least SEARCH_FUSION_DEPTH chunks deep.
+SEARCH_FUSION = env.str("SEARCH_FUSION", default="zscore")
+SEARCH_FUSION_ALPHA = env.float("SEARCH_FUSION_ALPHA", default=0.5)
+SEARCH_FUSION_DEPTH = env.int("SEARCH_FUSION_DEPTH", default=400)
 CHUNK_OVERLAP_TOKENS = env.int("CHUNK_OVERLAP_TOKENS", default=32)
 EMBED_BATCH_SIZE = env.int("EMBED_BATCH_SIZE", default=64)
 # POST /v1/embeddings runs the model on the shared database pool, a slice of

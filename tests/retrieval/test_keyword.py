@@ -3,6 +3,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from retrieval import BM25Parameters as BM25
 from retrieval import IndexCorrupted, KeywordIndex, KeywordQuery, keyword_query, keyword_tokens
 from retrieval.bm25 import _Part
 
@@ -132,3 +133,24 @@ def test_a_query_keeps_its_first_distinct_terms_up_to_the_cap() -> None:
     assert index.search(keyword_query("cafeteria shoes", max_terms=1), 5) == index.search(
         "cafeteria", 5
     )
+
+
+def test_bm25_b_weighs_chunk_length_and_k1_saturates_repeats() -> None:
+    index = KeywordIndex.build(
+        [1, 2, 3],
+        ["apple", "apple banana cherry grape melon", "apple apple apple banana cherry"],
+    )
+    default = {hit.id: hit.score for hit in index.search("apple", 3)}
+    assert default[1] > default[2]  # the shorter chunk, under b = 0.75
+    no_length = {hit.id: hit.score for hit in index.search("apple", 3, parameters=BM25(b=0.0))}
+    assert no_length[1] == pytest.approx(no_length[2])  # same tf, length ignored
+    assert no_length[3] > no_length[1]  # three uses beat one
+    no_tf = {hit.id: hit.score for hit in index.search("apple", 3, parameters=BM25(k1=0.0))}
+    assert no_tf[1] == pytest.approx(no_tf[2]) == pytest.approx(no_tf[3])  # presence only
+    assert index.search("apple", 3, parameters=BM25()) == index.search("apple", 3)
+
+
+@pytest.mark.parametrize(("k1", "b"), [(-0.1, 0.75), (1.2, 1.5), (1.2, -0.1)])
+def test_bm25_parameters_out_of_range_are_refused(k1: float, b: float) -> None:
+    with pytest.raises(ValueError, match="BM25"):
+        BM25(k1=k1, b=b)

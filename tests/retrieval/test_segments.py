@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from retrieval import (
+    BM25Parameters,
     IndexCorrupted,
     IndexState,
     IndexStore,
@@ -112,6 +113,18 @@ def test_search_over_segments_equals_a_full_rebuild() -> None:
         assert view.keyword_search(query, 3, allowed=allowed) == full.keyword_search(
             query, 3, allowed=allowed
         )
+
+
+@pytest.mark.parametrize(("k1", "b"), [(0.9, 0.4), (2.0, 1.0), (1.2, 0.0)])
+def test_any_bm25_parameters_rank_segments_as_a_full_rebuild(k1: float, b: float) -> None:
+    segments, live = history()
+    view, full = SegmentedIndex(segments), rebuilt(live)
+    parameters = BM25Parameters(k1=k1, b=b)
+    for query in ("alpha omega", "running shoe sole", "fan fan code"):
+        tuned = view.keyword_search(query, 10, parameters=parameters)
+        assert tuned == full.keyword_search(query, 10, parameters=parameters)
+        assert tuned == full.segments[0].keywords.search(query, 10, parameters=parameters)
+        assert view.keyword_search(query, 10) == full.keyword_search(query, 10)  # own cache
 
 
 def test_compaction_equals_a_full_rebuild_and_merges_keywords() -> None:

@@ -1,7 +1,8 @@
 """Retrieval without generation: search the caller's indexes by meaning, by words, or both.
 
 ``hybrid`` (the default everywhere) fuses the dense (FAISS, MiniLM) and keyword (BM25)
-rankings by reciprocal rank fusion; ``dense`` and ``keyword`` run one of them alone. Only
+rankings as ``SEARCH_FUSION`` says (reciprocal ranks or normalised scores, see
+:mod:`retrieval.fusion`); ``dense`` and ``keyword`` run one of them alone. Only
 the dense part embeds the query, so only it is charged: keyword search costs no tokens.
 """
 
@@ -23,12 +24,14 @@ from apps.usage.budgets import budget_reserve, budget_settle, limits_cache
 from apps.usage.models import UsageRecord
 from apps.usage.services import embedding_cost, usage_record_embedding
 from retrieval import (
+    BM25Parameters,
+    FusionPolicy,
     Hit,
     IndexCorrupted,
     SegmentedIndex,
+    fuse,
     fusion_depth,
     keyword_query,
-    reciprocal_rank_fusion,
 )
 
 logger = logging.getLogger(__name__)
@@ -80,8 +83,9 @@ def chunk_search(
 
     Isolation holds before ranking: only the caller's team's indexes are searched at all,
     and filters select among the team's own chunks (read from the database) inside each
-    index's search. ``score`` is the cosine similarity (``dense``), the BM25 score
-    (``keyword``) or the fused reciprocal-rank score (``hybrid``). The query's embedding
+    index's search, before either list is cut or fused. ``score`` is the cosine
+    similarity (``dense``), the BM25 score (``keyword``) or the fused score (``hybrid``:
+    reciprocal ranks or normalised scores, :func:`fusion_policy`). The query's embedding
     tokens (``dense``, ``hybrid``) are charged to the team.
     """
     if mode not in SEARCH_MODES:
@@ -94,7 +98,8 @@ def chunk_search(
     allowed = _allowed_chunks(caller=caller, collections=collections, filters=filters)
     if allowed is not None:
         collections = [c for c in collections if len(allowed.get(c.pk, ()))]
-    depth = fusion_depth(top_k) if mode == "hybrid" else top_k
+    policy = fusion_policy()
+    depth = fusion_depth(top_k, policy.depth) if mode == "hybrid" else top_k
     rankings: list[list[Hit]] = []
     if mode != "keyword":
         rankings.append(
@@ -106,7 +111,11 @@ def chunk_search(
         rankings.append(
             _keyword_search(query=query, collections=collections, allowed=allowed, k=depth)
         )
-    best = reciprocal_rank_fusion(rankings, limit=top_k) if mode == "hybrid" else rankings[0]
+    best = (
+        fuse(rankings[0], rankings[1], policy=policy, limit=top_k)
+        if mode == "hybrid"
+        else rankings[0]
+    )
     chunks = Chunk.objects.select_related("document").in_bulk([hit.id for hit in best])
     return [
         SearchResult(chunks[hit.id], hit.score)
@@ -114,6 +123,21 @@ def chunk_search(
         # A chunk deleted since the index was read is skipped, never another team's.
         if hit.id in chunks and chunks[hit.id].document.team_id == caller.team.pk
     ]
+
+
+def fusion_policy() -> FusionPolicy:
+    """How hybrid search fuses its lists: ``SEARCH_FUSION``, ``SEARCH_FUSION_ALPHA`` and
+    ``SEARCH_FUSION_DEPTH`` (read per search, so a settings override applies at once)."""
+    return FusionPolicy(
+        method=settings.SEARCH_FUSION,
+        alpha=settings.SEARCH_FUSION_ALPHA,
+        depth=settings.SEARCH_FUSION_DEPTH,
+    )
+
+
+def bm25_parameters() -> BM25Parameters:
+    """BM25's k1 and b for keyword search: ``KEYWORD_BM25_K1``, ``KEYWORD_BM25_B``."""
+    return BM25Parameters(k1=settings.KEYWORD_BM25_K1, b=settings.KEYWORD_BM25_B)
 
 
 def _allowed_chunks(
@@ -197,10 +221,12 @@ def _keyword_search(
     """Search each collection's BM25 index; no model runs, nothing is charged. The query
     is analysed once, its distinct terms capped (``KEYWORD_MAX_QUERY_TERMS``)."""
     terms = keyword_query(query, max_terms=settings.KEYWORD_MAX_QUERY_TERMS)
+    parameters = bm25_parameters()
     hits: list[Hit] = []
     for collection in collections:
         subset = None if allowed is None else allowed[collection.pk]
-        hits.extend(_loaded(collection).keyword_search(terms, k, allowed=subset))
+        index = _loaded(collection)
+        hits.extend(index.keyword_search(terms, k, allowed=subset, parameters=parameters))
     hits.sort(key=lambda hit: (-hit.score, hit.id))
     return hits[:k]
 

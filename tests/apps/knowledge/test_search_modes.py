@@ -80,14 +80,15 @@ def test_each_mode_finds_by_its_own_means(api: APIClient, library: Collection, m
     assert results[0]["title"] == "Fans"
     if mode == "keyword":  # only chunks holding a query term, scored by BM25
         assert [r["title"] for r in results] == ["Fans"]
-    if mode == "hybrid":  # fused reciprocal ranks: first in both lists
-        assert results[0]["score"] == pytest.approx(2 / 61)
+    if mode == "hybrid":  # z-scores (the default), alpha 0.5: top of dense, keyword's only
+        assert results[0]["score"] == pytest.approx(0.5 * 1 + 0.5 * 1)
 
 
-def test_the_default_mode_is_hybrid(api: APIClient, library: Collection) -> None:
+def test_the_default_mode_is_hybrid_fused_by_z_scores(api: APIClient, library: Collection) -> None:
     default = search(api, query="cafeteria soup")
     assert default == search(api, query="cafeteria soup", mode="hybrid")
-    assert default[0]["score"] == pytest.approx(2 / 61)
+    # Dense z-scores 1 and -1; the one keyword hit 1, the missing at 0; alpha 0.5.
+    assert [r["score"] for r in default] == [pytest.approx(1.0), pytest.approx(-0.5)]
 
 
 def test_keyword_mode_charges_nothing_and_dense_modes_charge_the_query(
@@ -328,3 +329,71 @@ def test_keyword_search_scores_only_the_first_distinct_terms(
     assert search(api, query=f"{filler} replacement", mode="keyword") == []
     found = search(api, query=f"replacement {filler}", mode="keyword")
     assert [result["title"] for result in found] == ["Fans"]
+
+
+@pytest.mark.parametrize(
+    ("fusion", "soup", "fans"),
+    [
+        ("rrf", 2 / 61, 1 / 62),  # first in both lists; second in the dense list only
+        ("minmax", 1.0, 0.0),  # top of both; bottom of dense, the keyword floor
+        ("zscore", 1.0, -0.6),  # dense z 1 and -1; one keyword hit: 1, floor 0
+    ],
+)
+def test_the_fusion_setting_switches_the_hybrid_pipeline(
+    api: APIClient, library: Collection, settings: Any, fusion: str, soup: float, fans: float
+) -> None:
+    settings.SEARCH_FUSION, settings.SEARCH_FUSION_ALPHA = fusion, 0.6
+    results = search(api, query="cafeteria soup", top_k=2)
+    assert [(r["title"], r["score"]) for r in results] == [
+        ("Soup", pytest.approx(soup)),
+        ("Fans", pytest.approx(fans)),
+    ]
+
+
+def test_the_bm25_settings_reach_keyword_search(
+    api: APIClient, library: Collection, settings: Any
+) -> None:
+    default = search(api, query="cafeteria", mode="keyword")[0]["score"]
+    settings.KEYWORD_BM25_K1 = 0.0  # presence only: the score is the idf, ln(1 + 1.5 / 1.5)
+    assert search(api, query="cafeteria", mode="keyword")[0]["score"] == pytest.approx(np.log(2))
+    assert default != pytest.approx(np.log(2))
+
+
+@pytest.mark.parametrize("fusion", ["rrf", "minmax", "zscore"])
+def test_another_teams_chunks_never_enter_the_fusion(
+    api: APIClient, team: Team, other_team: Team, settings: Any, fusion: str
+) -> None:
+    settings.SEARCH_FUSION = fusion
+    own = factories.collection(team=team, name="own")
+    for title in ("Soup", "Bread", "Salad"):
+        factories.document(collection=own, title=title, text=f"The cafeteria serves {title}.")
+    before = search(api, query="cafeteria soup", top_k=10)
+    theirs = factories.collection(team=other_team, name="theirs")
+    for i in range(8):  # better matches than any of ours, in both lists
+        factories.document(
+            collection=theirs, title=f"Soup {i}", text="Cafeteria soup, cafeteria soup."
+        )
+    after = search(api, query="cafeteria soup", top_k=10)
+    # Not returned, and not even seen: a score normalised over their chunks would move.
+    assert after == before
+    assert {r["collection_id"] for r in after} == {own.pk}
+
+
+@pytest.mark.parametrize(
+    ("setting", "value", "named"),
+    [
+        ("SEARCH_FUSION", "borda", "SEARCH_FUSION"),
+        ("SEARCH_FUSION_ALPHA", 1.5, "SEARCH_FUSION_ALPHA"),
+        ("SEARCH_FUSION_DEPTH", 0, "SEARCH_FUSION_DEPTH"),
+        ("KEYWORD_BM25_B", 2.0, "KEYWORD_BM25_B"),
+    ],
+)
+def test_search_settings_out_of_range_fail_the_system_check(
+    settings: Any, setting: str, value: object, named: str
+) -> None:
+    from apps.knowledge.checks import search_settings_check
+
+    assert search_settings_check() == []
+    setattr(settings, setting, value)
+    (error,) = search_settings_check()
+    assert error.id == "knowledge.E001" and named in error.msg
