@@ -13,6 +13,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from datetime import timedelta
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -419,6 +420,7 @@ def test_usage_page_chart_and_quota(
     screenshots: Path,
 ) -> None:
     Limit.objects.create(team=team, daily_tokens=100_000, monthly_tokens=2_000_000)
+    Limit.objects.create(team=team, tag="research", daily_usd=Decimal("1.5"))
     sign_in(page, asgi_server, team, django_user_model)
     ask(page, "Say hello")
     page.get_by_role("link", name="Usage").click()
@@ -431,6 +433,8 @@ def test_usage_page_chart_and_quota(
     text = quota.inner_text()
     assert re.search(r"[\d,]+ of 100,000 tokens remaining", text)
     assert "of 2,000,000 tokens remaining" in text
+    quota.get_by_text("Tag research").wait_for()  # a tag's money budget, in dollars
+    assert "$1.500000 of $1.500000 remaining" in quota.inner_text()
     page.locator("#totals").get_by_text("Total").wait_for()
     assert "chat" in page.locator("#totals").inner_text()
     assert page.errors == []

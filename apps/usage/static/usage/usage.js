@@ -7,6 +7,10 @@
   if (!box) return;
   const number = value => value === null || value === undefined ? "unknown" : Number(value).toLocaleString();
   const PERIODS = {day: "Daily quota", month: "Monthly quota"};
+  const BUDGETS = {day_usd: "Daily budget", month_usd: "Monthly budget"};
+  // "team", "key <prefix>", "team tag <tag>" (quota_report's scopes).
+  const scopeTitle = scope => scope === "team" ? "Team"
+    : scope.startsWith("key ") ? `Key ${scope.slice(4)}` : `Tag ${scope.slice(9)}`;
 
   function quotaEntry(entry) {
     const list = el("dl", {class: "quota"});
@@ -17,13 +21,19 @@
       add(label, `${number(quota.remaining)} of ${number(quota.limit)} tokens remaining`);
       add(`${label} resets`, when(quota.resets_at));
     }
+    for (const [period, label] of Object.entries(BUDGETS)) {
+      const budget = entry[period];
+      if (!budget) continue;
+      add(label, `$${budget.remaining} of $${budget.limit} remaining`);
+      add(`${label} resets`, when(budget.resets_at));
+    }
     if (entry.bucket) {
       add("Tokens per minute", `${number(entry.bucket.available)} of ${number(entry.bucket.capacity)} available now ` +
         `(refills ${number(entry.bucket.tokens_per_minute)}/min)`);
     }
     if (entry.max_concurrent_streams) add("Concurrent answers", `at most ${entry.max_concurrent_streams}`);
     if (entry.max_tokens) add("Output tokens per answer", `at most ${number(entry.max_tokens)}`);
-    return el("div", {class: "quota-entry"}, el("h3", {text: entry.scope === "team" ? "Team" : `Key ${entry.scope.slice(4)}`}), list);
+    return el("div", {class: "quota-entry"}, el("h3", {text: scopeTitle(entry.scope)}), list);
   }
 
   async function showQuota() {
