@@ -116,12 +116,20 @@ def test_an_answer_whose_conversation_is_deleted_before_its_rows_stops_and_is_bi
 
     upstream.script.tokens = [f" w{i}" for i in range(60)]
     upstream.script.delay = 0.02
+    # The tier holds its first token until the delete is done, and the rows wait for that
+    # token: the order is the test's, however busy the machine.
+    deleted = threading.Event()
+
+    def hold(body: dict[str, Any]) -> None:
+        deleted.wait(timeout=30)
+
+    upstream.on_request = hold
     conversation = conversation_for(http)
     original = run.ROWS_AFTER_SECONDS
-    run.ROWS_AFTER_SECONDS = 0.5  # the rows wait past the delete
+    run.ROWS_AFTER_SECONDS = 60
     try:
         with answer_frames(http, conversation, content="Hi", top_k=0, stream=True) as frames:
-            seen = [f for f in frames if "comment" not in f and not seen_delete(f, http)]
+            seen = [f for f in frames if "comment" not in f and not seen_delete(f, http, deleted)]
     finally:
         run.ROWS_AFTER_SECONDS = original
     message_id = seen[0]["data"]["message_id"]
@@ -136,12 +144,14 @@ def test_an_answer_whose_conversation_is_deleted_before_its_rows_stops_and_is_bi
     assert not Reservation.objects.filter(settled_at__isnull=True).exists()
 
 
-def seen_delete(frame: dict[str, Any], http: httpx.Client) -> bool:
-    """On the answer's first event, delete its conversation (its rows not yet written)."""
+def seen_delete(frame: dict[str, Any], http: httpx.Client, deleted: threading.Event) -> bool:
+    """On the answer's first event, delete its conversation (its rows not yet written),
+    then let the tier go on."""
     if frame.get("event") == "message":
         conversation = frame["data"]["conversation_id"]
         assert not Message.objects.filter(conversation_id=conversation).exists()
         assert http.delete(f"/api/v1/conversations/{conversation}").status_code == 204
+        deleted.set()
     return False
 
 
