@@ -204,8 +204,9 @@ def test_a_summary_is_held_and_charged_against_a_money_budget_and_a_tags(
     usage = _usage(ask_stream(http, conversation, content="Where is the key?", top_k=0, tag="ops"))
     assert usage["summarized_turns"] == 6
     row = UsageRecord.objects.get(operation="summary")
-    held = Reservation.objects.filter(team=team).order_by("pk")
-    summary, answer = held[len(held) - 2], held[len(held) - 1]
+    # Two holds (the turns before had no limits): the summary's, and the answer's.
+    summary = Reservation.objects.get(team=team, actual_tokens=row.total_tokens)
+    answer = Reservation.objects.exclude(pk=summary.pk).get(team=team)
     assert summary.actual_tokens == row.total_tokens
     assert summary.actual_cost_nanos == nanos_of(row.cost_usd) <= summary.cost_nanos
     assert len(summary.cost_counters) == len(answer.cost_counters) == 2  # the team's, the tag's
