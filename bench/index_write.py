@@ -141,8 +141,8 @@ def rewrite(collection_id: int, ids: np.ndarray, vectors: np.ndarray) -> float:
 
 
 def keyword_rebuild(collection_id: int) -> float:
+    from apps.knowledge.backends.faiss import keyword_index_build
     from apps.knowledge.models import Chunk
-    from apps.knowledge.services.indexing import keyword_index_build
 
     ids = np.array(
         Chunk.objects.filter(collection_id=collection_id).values_list("pk", flat=True),

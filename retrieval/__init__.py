@@ -39,9 +39,11 @@ from retrieval.fusion import (
 )
 from retrieval.hits import Hit
 from retrieval.index import (
+    Ids,
     IndexKind,
     IndexPolicy,
     VectorIndex,
+    Vectors,
     gpu_count,
     kind_for_size,
     set_search_threads,
@@ -74,6 +76,7 @@ __all__ = [
     "FusionMethod",
     "FusionPolicy",
     "Hit",
+    "Ids",
     "IndexCorrupted",
     "IndexKind",
     "IndexPolicy",
@@ -90,6 +93,7 @@ __all__ = [
     "SentenceTransformerEmbedder",
     "UnsupportedDocument",
     "VectorIndex",
+    "Vectors",
     "chunk_document",
     "default_model_path",
     "detect_media_type",

@@ -37,6 +37,43 @@ def _data_dir(settings: Any, tmp_path: Path) -> None:
     settings.MEDIA_ROOT = tmp_path / "media"
 
 
+@pytest.fixture(scope="session")
+def milvus_lite(tmp_path_factory: Any) -> str:
+    """Milvus Lite inside the test process (a ``.db`` path): one engine for the session."""
+    return str(tmp_path_factory.mktemp("milvus") / "engine.db")
+
+
+@pytest.fixture(params=["faiss", "milvus"])
+def index_backend(request: Any, settings: Any) -> Iterator[str]:
+    """The test once per index backend: FAISS segment files, then the Milvus engine (Milvus
+    Lite), whose collection is dropped after each test (database ids are reused)."""
+    settings.VECTOR_BACKEND = request.param
+    if request.param == "faiss":
+        yield request.param
+        return
+    settings.MILVUS_URI = request.getfixturevalue("milvus_lite")
+    from apps.knowledge.backends.milvus import engine
+
+    try:
+        yield request.param
+    finally:
+        engine().drop()
+
+
+def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
+    """A test marked ``faiss_only`` (segment files, compaction) runs on FAISS alone."""
+    dropped = [
+        item
+        for item in items
+        if item.get_closest_marker("faiss_only")
+        and getattr(item, "callspec", None) is not None
+        and item.callspec.params.get("index_backend") == "milvus"
+    ]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = [item for item in items if item not in dropped]
+
+
 @pytest.fixture(autouse=True)
 def _limiter_keys(settings: Any) -> None:
     """Each test's token buckets and stream slots under their own Redis key prefix."""

@@ -7,6 +7,11 @@ from apps.accounts.models import ApiKey, Team
 from apps.usage.models import Reservation
 
 
+def default_index_backend() -> str:
+    """Where a new collection keeps its index: ``VECTOR_BACKEND``."""
+    return str(settings.VECTOR_BACKEND)
+
+
 class Collection(models.Model):
     """A team's set of documents, with one index of its own (vectors and keywords).
 
@@ -14,6 +19,10 @@ class Collection(models.Model):
     ``index_base`` and a delta for every version after it (``retrieval.store``). They move
     in the same transaction that changes the chunks, so web processes can tell when to
     reload and a rolled-back write never becomes visible.
+
+    ``index_backend`` says where the index lives (``apps.knowledge.backends``): FAISS
+    segment files, or an engine (Milvus), which keeps no segments (its base is always its
+    version). ``manage.py reindex --to`` moves a collection, holding its row.
     """
 
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="collections")
@@ -21,6 +30,12 @@ class Collection(models.Model):
     description = models.TextField(blank=True)
     index_version = models.PositiveIntegerField(default=0, editable=False)
     index_base = models.PositiveIntegerField(default=0, editable=False)
+    index_backend = models.CharField(
+        max_length=16,
+        choices=[("faiss", "FAISS segment files"), ("milvus", "Milvus engine")],
+        default=default_index_backend,
+        editable=False,
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

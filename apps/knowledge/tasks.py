@@ -11,7 +11,7 @@ from celery.exceptions import TimeLimitExceeded, WorkerLostError
 from django.conf import settings
 from django.db import InterfaceError, OperationalError
 
-from apps.knowledge.services.indexing import collection_index_compact, collections_compact
+from apps.knowledge.backends.faiss import collection_index_compact, collections_compact
 from apps.knowledge.services.ingestion import (
     documents_requeue_stalled,
     ingestion_stage_failed,

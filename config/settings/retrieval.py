@@ -35,6 +35,23 @@ INDEX_COMPACT_TIME_LIMIT = env.int("INDEX_COMPACT_TIME_LIMIT", default=3600)
 # Single-query search is faster on one OpenMP thread than on two here (bench/).
 FAISS_THREADS = env.int("FAISS_THREADS", default=1)
 INDEX_DIR = DATA_DIR / "indexes"
+# Where new collections keep their vectors and keywords: faiss (segment files under
+# INDEX_DIR: one machine, or web nodes sharing the data volume) or milvus (an engine:
+# nodes keep no index files). `manage.py reindex --to milvus|faiss` moves the collections
+# already made, one at a time, while searches go on (docs/scaling.md).
+VECTOR_BACKEND = env.str("VECTOR_BACKEND", default="faiss")
+# Milvus's address, the same code for each: http://host:19530 (Milvus standalone, a
+# cluster's proxy, or `milvus-lite server`), or a path ending in .db (Milvus Lite inside
+# this one process: tests, benches). MILVUS_RUN_LOCAL: runstack starts `milvus-lite server`
+# on MILVUS_URI's port with its data under DATA_DIR/milvus (the embedded default).
+MILVUS_URI = env.str("MILVUS_URI", default="http://127.0.0.1:19530")
+MILVUS_TOKEN = env.str("MILVUS_TOKEN", default="")
+MILVUS_RUN_LOCAL = env.bool("MILVUS_RUN_LOCAL", default=True)
+# One engine collection per embedding model: <prefix>_<model>_<dimension>; every team's
+# chunks in it, partitioned by team and collection (apps/knowledge/backends/milvus.py).
+MILVUS_COLLECTION_PREFIX = env.str("MILVUS_COLLECTION_PREFIX", default="ragtier")
+# The engine's vector index: FLAT (exact), HNSW, IVF_FLAT or AUTOINDEX (a cluster's choice).
+MILVUS_INDEX = env.str("MILVUS_INDEX", default="HNSW")
 # Keyword search scores at most this many distinct terms of a query (the first used):
 # a chat question may be far longer than any search (SciFact's longest uses 24 words).
 KEYWORD_MAX_QUERY_TERMS = env.int("KEYWORD_MAX_QUERY_TERMS", default=64)

@@ -1,5 +1,13 @@
 """Writes for the knowledge app, one module per concern, re-exported here."""
 
+from apps.knowledge.backends.faiss import (
+    collection_index_compact,
+    collection_index_load,
+    collection_index_sweep,
+    collections_compact,
+    index_state,
+    index_store,
+)
 from apps.knowledge.services.collections import collection_create, collection_delete
 from apps.knowledge.services.dispatch import ingestion_enqueue
 from apps.knowledge.services.documents import (
@@ -14,16 +22,7 @@ from apps.knowledge.services.embeddings import (
     embedding_model_name,
     embeddings_create,
 )
-from apps.knowledge.services.indexing import (
-    collection_index_compact,
-    collection_index_load,
-    collection_index_rebuild,
-    collection_index_sweep,
-    collections_compact,
-    embedder,
-    index_state,
-    index_store,
-)
+from apps.knowledge.services.indexing import collection_index_rebuild, embedder
 from apps.knowledge.services.ingestion import documents_requeue_stalled
 from apps.knowledge.services.search import (
     DEFAULT_SEARCH_MODE,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 from django.conf import settings
 from django.db import IntegrityError, transaction
 
@@ -9,10 +11,12 @@ from apps.accounts.models import Team
 from apps.core.audit import SYSTEM, Actor, audit_record
 from apps.core.exceptions import InvalidRequest
 from apps.core.models import AuditEvent
+from apps.knowledge.backends import IndexBackend, backend_of
 from apps.knowledge.models import Collection, Document
-from apps.knowledge.services.indexing import index_store
 from apps.knowledge.services.stages import ACTIVE, document_release
 from apps.knowledge.signals import team_documents_deleted
+
+logger = logging.getLogger(__name__)
 
 
 def collection_create(*, team: Team, name: str, description: str = "") -> Collection:
@@ -41,7 +45,7 @@ def collection_delete(*, collection: Collection, actor: Actor = SYSTEM) -> None:
     index files, its documents' uploaded files and the team's cached answers (some may
     quote it). A document still being ingested is settled first, as its own delete
     settles it: charged for what it embedded so far, the rest of its hold given back."""
-    key, team_id = collection.index_key, collection.team_id
+    backend, collection_id, team_id = backend_of(collection), collection.pk, collection.team_id
     with transaction.atomic():
         active = Document.objects.select_for_update().filter(
             collection=collection, status__in=ACTIVE
@@ -63,14 +67,21 @@ def collection_delete(*, collection: Collection, actor: Actor = SYSTEM) -> None:
             detail={"documents": len(sources)},
         )
         collection.delete()
-        transaction.on_commit(lambda: _files_delete(key, sources))
+        transaction.on_commit(lambda: _files_delete(backend, team_id, collection_id, sources))
         transaction.on_commit(
             lambda: team_documents_deleted.send(sender=Collection, team_id=team_id)
         )
 
 
-def _files_delete(index_key: str, sources: list[str]) -> None:
-    index_store().drop(index_key)
+def _files_delete(
+    backend: IndexBackend, team_id: int, collection_id: int, sources: list[str]
+) -> None:
+    try:
+        backend.drop(team_id=team_id, collection_id=collection_id)
+    except Exception:
+        # The delete has committed; what the index keeps of it is never returned (its
+        # chunks are gone) and index_check --repair removes it.
+        logger.exception("collection %s: its index could not be dropped", collection_id)
     storage = Document._meta.get_field("source").storage
     for name in sources:
         storage.delete(name)

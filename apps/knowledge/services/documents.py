@@ -19,7 +19,7 @@ from apps.core.exceptions import InvalidRequest, PayloadTooLarge, UnsupportedFil
 from apps.core.models import AuditEvent
 from apps.knowledge.models import Chunk, Collection, Document
 from apps.knowledge.services.dispatch import ingestion_enqueue
-from apps.knowledge.services.indexing import collection_index_append, index_store
+from apps.knowledge.services.indexing import collection_index_append
 from apps.knowledge.services.stages import document_release
 from apps.knowledge.signals import team_documents_deleted
 from retrieval import UnsupportedDocument, detect_media_type
@@ -217,7 +217,7 @@ def document_delete(*, document: Document, actor: Actor = SYSTEM) -> None:
 
 def _index_delete(*, collection_id: int, chunk_ids: list[int]) -> None:
     """Tombstones for the chunks, in a delta of their own."""
-    dimension = index_store().dimension
+    dimension = settings.EMBEDDING_DIMENSION
     collection_index_append(
         collection_id=collection_id,
         ids=np.zeros(0, dtype=np.int64),

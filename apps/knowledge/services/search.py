@@ -17,22 +17,14 @@ from django.conf import settings
 from django.db import transaction
 
 from apps.accounts.selectors import Caller
+from apps.knowledge.backends import Allowed, IndexBackend, backend_of
 from apps.knowledge.models import Chunk, Collection, Document
 from apps.knowledge.selectors import collection_list_readable
-from apps.knowledge.services.indexing import collection_index_load, embedder
+from apps.knowledge.services.indexing import embedder
 from apps.usage.budgets import budget_reserve, budget_settle, limits_cache
 from apps.usage.models import UsageRecord
 from apps.usage.services import embedding_cost, usage_record_embedding
-from retrieval import (
-    BM25Parameters,
-    FusionPolicy,
-    Hit,
-    IndexCorrupted,
-    SegmentedIndex,
-    fuse,
-    fusion_depth,
-    keyword_query,
-)
+from retrieval import BM25Parameters, FusionPolicy, Hit, fuse, fusion_depth, keyword_query
 
 logger = logging.getLogger(__name__)
 
@@ -120,9 +112,15 @@ def chunk_search(
     return [
         SearchResult(chunks[hit.id], hit.score)
         for hit in best
-        # A chunk deleted since the index was read is skipped, never another team's.
-        if hit.id in chunks and chunks[hit.id].document.team_id == caller.team.pk
+        # A chunk deleted since the index was read is skipped, as is one not (or no longer)
+        # indexed; never another team's.
+        if hit.id in chunks and _returnable(chunks[hit.id], team_id=caller.team.pk)
     ]
+
+
+def _returnable(chunk: Chunk, *, team_id: int) -> bool:
+    document = chunk.document
+    return document.team_id == team_id and document.status == Document.Status.INDEXED
 
 
 def fusion_policy() -> FusionPolicy:
@@ -142,7 +140,7 @@ def bm25_parameters() -> BM25Parameters:
 
 def _allowed_chunks(
     *, caller: Caller, collections: list[Collection], filters: SearchFilters | None
-) -> dict[int, np.ndarray] | None:
+) -> Allowed:
     """The chunk ids each collection may return under ``filters``; None: no filter."""
     if filters is None or filters.empty:
         return None
@@ -166,7 +164,7 @@ def _dense_search(
     caller: Caller,
     query: str,
     collections: list[Collection],
-    allowed: dict[int, np.ndarray] | None,
+    allowed: Allowed,
     k: int,
 ) -> list[Hit]:
     """Embed the query (charged) and search each collection's vector index."""
@@ -189,11 +187,11 @@ def _dense_search(
     )
     try:
         embedded = model.embed([query])
-        hits: list[Hit] = []
-        for collection in collections:
-            index = _loaded(collection)
-            subset = None if allowed is None else allowed[collection.pk]
-            hits.extend(index.search(embedded.vectors, k, allowed=subset)[0])
+        hits = [
+            hit
+            for backend, group in _by_backend(collections)
+            for hit in backend.dense_search(group, embedded.vectors, k, allowed)
+        ]
     except BaseException:
         if reservation is not None:
             budget_settle(reservation=reservation, actual=0)  # a failed search costs nothing
@@ -216,25 +214,24 @@ def _dense_search(
 
 
 def _keyword_search(
-    *, query: str, collections: list[Collection], allowed: dict[int, np.ndarray] | None, k: int
+    *, query: str, collections: list[Collection], allowed: Allowed, k: int
 ) -> list[Hit]:
     """Search each collection's BM25 index; no model runs, nothing is charged. The query
     is analysed once, its distinct terms capped (``KEYWORD_MAX_QUERY_TERMS``)."""
     terms = keyword_query(query, max_terms=settings.KEYWORD_MAX_QUERY_TERMS)
     parameters = bm25_parameters()
-    hits: list[Hit] = []
-    for collection in collections:
-        subset = None if allowed is None else allowed[collection.pk]
-        index = _loaded(collection)
-        hits.extend(index.keyword_search(terms, k, allowed=subset, parameters=parameters))
+    hits = [
+        hit
+        for backend, group in _by_backend(collections)
+        for hit in backend.keyword_search(group, terms, k, allowed, parameters)
+    ]
     hits.sort(key=lambda hit: (-hit.score, hit.id))
     return hits[:k]
 
 
-def _loaded(collection: Collection) -> SegmentedIndex:
-    try:
-        return collection_index_load(collection)
-    except IndexCorrupted:
-        # A compaction since this request read the row may have pruned its segments.
-        collection.refresh_from_db(fields=["index_base", "index_version"])
-        return collection_index_load(collection)
+def _by_backend(collections: list[Collection]) -> list[tuple[IndexBackend, list[Collection]]]:
+    """The collections grouped by where their indexes live (one search per engine)."""
+    groups: dict[str, list[Collection]] = {}
+    for collection in collections:
+        groups.setdefault(collection.index_backend, []).append(collection)
+    return [(backend_of(group[0]), group) for group in groups.values()]

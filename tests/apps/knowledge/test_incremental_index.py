@@ -149,6 +149,7 @@ def test_adds_deletes_a_crash_and_compaction_answer_as_a_full_rebuild(
     ]
 
 
+@pytest.mark.usefixtures("index_backend")
 def test_filters_over_deltas_never_leak_another_teams_chunk(
     api: APIClient, team: Team, other_team: Team
 ) -> None:

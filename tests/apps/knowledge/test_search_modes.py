@@ -13,6 +13,7 @@ from django.db import transaction
 from rest_framework.test import APIClient
 
 from apps.accounts.models import Team
+from apps.knowledge.backends.faiss import index_state
 from apps.knowledge.models import Chunk, Collection, Document
 from apps.knowledge.services import (
     collection_index_rebuild,
@@ -21,12 +22,12 @@ from apps.knowledge.services import (
     document_reingest,
     index_store,
 )
-from apps.knowledge.services.indexing import collection_index_append, index_state
+from apps.knowledge.services.indexing import collection_index_append
 from apps.usage.models import Limit, QuotaCounter, Reservation, UsageRecord
 from tests import factories
 from tests.apps.accounts.test_auth import error_of
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("index_backend")]
 
 MODES = ["hybrid", "dense", "keyword"]
 
@@ -38,8 +39,11 @@ def search(api: APIClient, **body: object) -> list[dict[str, object]]:
 
 
 def keyword_ids(collection: Collection) -> set[int]:
-    """The chunk ids the live keyword postings hold, read from disk."""
+    """The chunk ids the live keyword postings hold, read from disk (the engine: its rows,
+    each holding a chunk's vector and terms)."""
     collection.refresh_from_db()
+    if collection.index_backend == "milvus":
+        return milvus_ids(collection)
     index = index_store().read_state(collection.index_key, index_state(collection))
     held = [
         ids[~np.isin(ids, dead)]
@@ -52,8 +56,16 @@ def keyword_ids(collection: Collection) -> set[int]:
 
 def vector_ids(collection: Collection) -> set[int]:
     collection.refresh_from_db()
+    if collection.index_backend == "milvus":
+        return milvus_ids(collection)
     index = index_store().read_state(collection.index_key, index_state(collection))
     return set(index.ids().tolist())
+
+
+def milvus_ids(collection: Collection) -> set[int]:
+    from apps.knowledge.backends.milvus import engine, scope
+
+    return set(engine().ids(scope(collection)).tolist())
 
 
 def chunk_ids(collection: Collection) -> set[int]:
@@ -202,7 +214,9 @@ def test_filters_never_leak_another_teams_chunk(
     assert [r["document_id"] for r in mine.json()["results"]] == [secret.pk]
 
 
-def test_keyword_index_follows_ingest_delete_and_reingest(api: APIClient, team: Team) -> None:
+def test_keyword_index_follows_ingest_delete_and_reingest(
+    api: APIClient, team: Team, django_capture_on_commit_callbacks: Any
+) -> None:
     collection = factories.collection(team=team, name="changing")
     first = factories.document(
         collection=collection, title="Gear", text="The gearbox part is GBX-4410."
@@ -213,19 +227,21 @@ def test_keyword_index_follows_ingest_delete_and_reingest(api: APIClient, team: 
     assert keyword_ids(collection) == vector_ids(collection) == chunk_ids(collection)
     assert search(api, query="GBX-4410", mode="keyword")[0]["document_id"] == first.pk
 
-    document_delete(document=first)
+    with django_capture_on_commit_callbacks(execute=True):  # the engine deletes on commit
+        document_delete(document=first)
     assert keyword_ids(collection) == vector_ids(collection) == chunk_ids(collection)
     assert search(api, query="GBX-4410", mode="keyword") == []
 
     old = chunk_ids(collection)
-    reingesting = document_reingest(document=second)
-    assert keyword_ids(collection) == set() and search(api, query="DBT-9921", mode="keyword") == []
-    document_ingest(document_id=reingesting.pk)
+    with django_capture_on_commit_callbacks(execute=True):  # ingested again once committed
+        reingesting = document_reingest(document=second)
+    document_ingest(document_id=reingesting.pk)  # a re-delivery adds nothing twice
     assert keyword_ids(collection) == vector_ids(collection) == chunk_ids(collection)
     assert not keyword_ids(collection) & old
     assert search(api, query="DBT-9921", mode="keyword")[0]["document_id"] == second.pk
 
 
+@pytest.mark.faiss_only
 def test_a_rolled_back_write_leaves_both_indexes_at_the_committed_version(
     api: APIClient, team: Team
 ) -> None:
@@ -264,6 +280,7 @@ def test_a_rolled_back_write_leaves_both_indexes_at_the_committed_version(
     call_command("index_check", stdout=StringIO())  # clean
 
 
+@pytest.mark.faiss_only
 def test_index_check_covers_the_keyword_index(team: Team) -> None:
     collection = factories.collection(team=team, name="checked")
     factories.document(collection=collection, title="Gear", text="The gearbox part is GBX-4410.")
@@ -302,6 +319,7 @@ def test_index_check_covers_the_keyword_index(team: Team) -> None:
     assert Document.objects.get().status == "indexed"
 
 
+@pytest.mark.faiss_only
 def test_a_collection_indexed_before_keyword_indexes_gets_one_at_its_first_search(
     api: APIClient, library: Collection, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -350,6 +368,7 @@ def test_the_fusion_setting_switches_the_hybrid_pipeline(
     ]
 
 
+@pytest.mark.faiss_only
 def test_the_bm25_settings_reach_keyword_search(
     api: APIClient, library: Collection, settings: Any
 ) -> None:
