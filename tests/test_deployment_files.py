@@ -1,5 +1,5 @@
 """Structural checks of the deployment files: Dockerfile, .dockerignore, docker-compose.yml,
-deploy/nginx.conf and deploy/gpu.env.
+deploy/nginx.conf, deploy/gpu.env and deploy/scale.env.
 
 No Docker engine runs where the tests run, so these files cannot be built or started
 here. Instead these tests parse them and assert the properties the deployment relies on.
@@ -15,6 +15,7 @@ import re
 import shlex
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -24,10 +25,20 @@ DOCKERIGNORE = REPO_ROOT / ".dockerignore"
 COMPOSE_FILE = REPO_ROOT / "docker-compose.yml"
 NGINX_CONF = REPO_ROOT / "deploy" / "nginx.conf"
 GPU_ENV = REPO_ROOT / "deploy" / "gpu.env"
+SCALE_ENV = REPO_ROOT / "deploy" / "scale.env"
 
 APP_SERVICES = ("web", "worker", "beat", "migrate", "inference")
 GPU_APP_SERVICES = ("web-gpu", "worker-gpu")
-ALL_SERVICES = ("postgres", "redis", *APP_SERVICES, *GPU_APP_SERVICES, "vllm", "nginx")
+SCALE_SERVICES = ("milvus-etcd", "milvus-minio", "milvus-standalone")
+ALL_SERVICES = (
+    "postgres",
+    "redis",
+    *APP_SERVICES,
+    *GPU_APP_SERVICES,
+    "vllm",
+    "nginx",
+    *SCALE_SERVICES,
+)
 CPU_INFERENCE_URL = "http://inference:8080/v1"
 GPU_INFERENCE_URL = "http://vllm:8000/v1"
 APP_IMAGE = "ragtier:latest"
@@ -775,6 +786,111 @@ def test_the_gpu_profile_embeds_on_a_gpu_with_cuda_torch(
     for name in APP_SERVICES:
         assert "deploy" not in services[name], f"{name} asks for a GPU"
         assert "EMBEDDING_DEVICE" not in _environment(services[name])
+
+
+def _interpolate(value: str, variables: dict[str, str]) -> str:
+    """A compose value as compose reads it with ``variables`` set: ``${VAR:-default}`` is the
+    variable where set and not empty, else the default; ``${VAR}`` is the variable."""
+    return re.sub(
+        r"\$\{(\w+)(?::-([^}]*))?\}",
+        lambda m: variables.get(m.group(1)) or (m.group(2) or ""),
+        value,
+    )
+
+
+def _test_text(service: dict[str, Any]) -> str:
+    test = service["healthcheck"]["test"]
+    return test if isinstance(test, str) else " ".join(test)
+
+
+def _after(cmd: list[str], flag: str) -> str:
+    """The value of ``flag`` in ``cmd``: ``flag value`` or ``flag=value``."""
+    for n, arg in enumerate(cmd):
+        if arg == flag:
+            return cmd[n + 1]
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+    raise AssertionError(f"{flag} not in {cmd}")
+
+
+def test_the_scale_profile_runs_milvus_standalone_as_milvus_does(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    """etcd, MinIO and milvus run standalone, each pinned, checked, on a named volume."""
+    etcd, minio, milvus = (services[name] for name in SCALE_SERVICES)
+    for name in SCALE_SERVICES:
+        svc = services[name]
+        assert svc.get("profiles") == ["scale"], f"{name} runs outside the scale profile"
+        assert svc.get("restart") == "unless-stopped"
+        assert not svc.get("ports"), f"{name} must not be published"
+        assert svc["healthcheck"].get("test"), f"{name} has no healthcheck"
+    # Pinned to a release, never a moving tag.
+    assert re.fullmatch(r"quay\.io/coreos/etcd:v\d+\.\d+\.\d+", etcd["image"])
+    assert re.fullmatch(r"minio/minio:RELEASE\.\d{4}-\d\d-\d\dT\d\d-\d\d-\d\dZ", minio["image"])
+    assert re.fullmatch(r"milvusdb/milvus:v\d+\.\d+\.\d+", milvus["image"])
+
+    # etcd: serves on 2379 from its volume, advertised by the name Milvus dials.
+    etcd_cmd = _command(etcd)
+    assert _after(etcd_cmd, "-listen-client-urls") == "http://0.0.0.0:2379"
+    assert _after(etcd_cmd, "-advertise-client-urls") == "http://milvus-etcd:2379"
+    assert ("milvus-etcd", _after(etcd_cmd, "--data-dir")) in _volumes(etcd)
+    assert "etcdctl endpoint health" in _test_text(etcd)
+    # MinIO: its data folder is the named volume; Milvus logs in as MinIO was told to.
+    minio_cmd = _command(minio)
+    assert minio_cmd[:2] == ["minio", "server"]
+    assert ("milvus-minio", minio_cmd[2]) in _volumes(minio)
+    assert "mc ready local" in _test_text(minio)
+    minio_env, milvus_env = _environment(minio), _environment(milvus)
+    assert milvus_env["MINIO_ACCESS_KEY_ID"] == minio_env["MINIO_ACCESS_KEY"]
+    assert milvus_env["MINIO_SECRET_ACCESS_KEY"] == minio_env["MINIO_SECRET_KEY"]
+
+    # Milvus: `milvus run standalone`, with the variables Milvus's own compose file sets.
+    assert _command(milvus) == ["milvus", "run", "standalone"]
+    assert milvus_env["ETCD_ENDPOINTS"] == "milvus-etcd:2379"
+    assert milvus_env["MINIO_ADDRESS"] == "milvus-minio:9000"
+    assert ("milvus-data", "/var/lib/milvus") in _volumes(milvus)
+    assert _depends_on(milvus) == {
+        "milvus-etcd": "service_healthy",
+        "milvus-minio": "service_healthy",
+    }
+    assert sorted(str(p) for p in milvus.get("expose", [])) == ["19530", "9091"]
+    assert "http://localhost:9091/healthz" in _test_text(milvus)
+    assert milvus["healthcheck"].get("start_period"), "Milvus takes a while to come up"
+
+
+def test_deploy_scale_env_turns_the_scale_profile_on_with_cpu() -> None:
+    values = _env_file(SCALE_ENV)
+    assert values["COMPOSE_PROFILES"].split(",") == ["cpu", "scale"]
+    assert values["VECTOR_BACKEND"] == "milvus"
+
+
+@pytest.mark.parametrize(
+    ("profile", "web", "worker"), [("cpu", "web", "worker"), ("gpu", "web-gpu", "worker-gpu")]
+)
+def test_the_scale_profile_points_web_and_worker_at_milvus(
+    services: dict[str, dict[str, Any]], profile: str, web: str, worker: str
+) -> None:
+    enabled = _enabled(services, {profile, "scale"})
+    assert enabled - _enabled(services, {profile}) == set(SCALE_SERVICES)
+    for name in enabled:
+        for dep, spec in (services[name].get("depends_on") or {}).items():
+            if spec.get("required", True):
+                assert dep in enabled, f"{profile}+scale: {name} needs {dep}, which does not run"
+    hosts = _hosts(services, enabled)
+    with_scale = _env_file(SCALE_ENV)
+    for name in (web, worker):
+        env = _environment(services[name])
+        assert _interpolate(env["VECTOR_BACKEND"], with_scale) == "milvus"
+        assert _interpolate(env["VECTOR_BACKEND"], {}) == "faiss", "FAISS without the profile"
+        assert env["MILVUS_RUN_LOCAL"] == "false", "compose runs the engine, not the app"
+        uri = urlsplit(_interpolate(env["MILVUS_URI"], with_scale))
+        assert uri.scheme == "http"
+        assert hosts.get(uri.hostname or "") == "milvus-standalone", f"{name} dials {uri}"
+        assert str(uri.port) in services["milvus-standalone"]["expose"]
+        assert env["MILVUS_TOKEN"].startswith("${MILVUS_TOKEN:-"), "a cluster's token passes"
+        # Waits for the engine when it runs; without the profile there is none to wait for.
+        assert _depends_on(services[name])["milvus-standalone"] == "service_healthy"
+        assert services[name]["depends_on"]["milvus-standalone"]["required"] is False
 
 
 # ---------------------------------------------------------------------------------------

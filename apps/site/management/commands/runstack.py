@@ -3,14 +3,16 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from apps.site.management.commands.runinference import inference_argv
 
@@ -45,10 +47,56 @@ def worker_argv(python: str, *, beat: bool = False, concurrency: int = 1) -> lis
     return argv
 
 
+def milvus_argv(python: str, *, uri: str, data_dir: Path) -> list[str]:
+    """Milvus Lite as a server (``milvus-lite server``) on ``uri``'s port, for the embedded
+    default with ``VECTOR_BACKEND=milvus``: web and worker are separate processes, and a
+    ``.db`` Milvus Lite belongs to the one process that opened it (it locks its folder), so
+    they share this one engine instead. It listens on loopback only.
+    """
+    address = urlsplit(uri)
+    if address.scheme != "http" or address.hostname not in {"127.0.0.1", "localhost"}:
+        raise CommandError(
+            f"MILVUS_RUN_LOCAL starts milvus-lite server on this machine, but MILVUS_URI is "
+            f"{uri!r}: point it at http://127.0.0.1:<port>, or set MILVUS_RUN_LOCAL=false "
+            "to use the Milvus it names."
+        )
+    return [
+        python,
+        "-m",
+        "milvus_lite",
+        "server",
+        "--data-dir",
+        str(data_dir),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(address.port or 19530),
+    ]
+
+
+def milvus_wait(process: subprocess.Popen[bytes], *, port: int, timeout: float = 30.0) -> None:
+    """Return once the engine ``milvus_argv`` started listens on ``port``: pymilvus fails at
+    once, not after a wait, when nothing listens yet."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise CommandError(
+                f"milvus-lite server exited (status {process.returncode}) before listening on "
+                f"127.0.0.1:{port}; is the port taken, or DATA_DIR/milvus held by another?"
+            )
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise CommandError(f"milvus-lite server did not listen on 127.0.0.1:{port} in {timeout:.0f} s")
+
+
 class Command(BaseCommand):
     help = (
         "Run the whole product in the foreground: the ASGI web server, a Celery worker (with "
-        "the periodic jobs) and the llama.cpp inference tier. Ctrl-C stops all of them."
+        "the periodic jobs), the llama.cpp inference tier and, with VECTOR_BACKEND=milvus, "
+        "milvus-lite server. Ctrl-C stops all of them."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -66,7 +114,13 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         python = sys.executable
-        commands = {
+        commands: dict[str, list[str]] = {}
+        # First, and listening before the rest start: its clients do not wait for it.
+        if settings.VECTOR_BACKEND == "milvus" and settings.MILVUS_RUN_LOCAL:
+            commands["milvus"] = milvus_argv(
+                python, uri=settings.MILVUS_URI, data_dir=settings.DATA_DIR / "milvus"
+            )
+        commands |= {
             "web": [
                 python,
                 "-m",
@@ -91,20 +145,21 @@ class Command(BaseCommand):
                 n_ctx=settings.INFERENCE_N_CTX,
             )
         environment = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(self.metrics_dir())}
-        processes = {
-            name: subprocess.Popen(argv, env=environment)  # noqa: S603
-            for name, argv in commands.items()
-        }
-        self.stdout.write(
-            f"ragtier on http://{options['host']}:{options['port']}/ "
-            f"({', '.join(processes)}); Ctrl-C stops it"
-        )
 
         def stop(*_: object) -> None:
             raise KeyboardInterrupt
 
         signal.signal(signal.SIGTERM, stop)
+        processes: dict[str, subprocess.Popen[bytes]] = {}
         try:
+            for name, argv in commands.items():
+                processes[name] = subprocess.Popen(argv, env=environment)  # noqa: S603
+                if name == "milvus":
+                    milvus_wait(processes[name], port=int(argv[-1]))
+            self.stdout.write(
+                f"ragtier on http://{options['host']}:{options['port']}/ "
+                f"({', '.join(processes)}); Ctrl-C stops it"
+            )
             while all(process.poll() is None for process in processes.values()):
                 time.sleep(0.5)
             failed = [name for name, process in processes.items() if process.poll() is not None]
