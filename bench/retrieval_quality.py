@@ -354,6 +354,67 @@ class Pipeline:
         ]
 
 
+@dataclass(frozen=True)
+class EngineRankings:
+    dense: list[list[retrieval.Hit]]
+    keyword: list[list[retrieval.Hit]]
+    description: str
+    write_seconds: float
+    search_seconds: float
+
+
+def engine_rankings(
+    vectors: Vectors,
+    texts: Sequence[str],
+    query_vectors: Vectors,
+    query_texts: Sequence[str],
+    *,
+    depth: int,
+    uri: str,
+    bm25: retrieval.BM25Parameters,
+) -> EngineRankings:
+    """Both rankings from the Milvus engine, as the product's milvus backend searches it:
+    one scope, the product's analysed terms in its BM25 function, the index kind of
+    ``MILVUS_INDEX``."""
+    from config.settings import retrieval as settings
+    from retrieval.milvus import MilvusIndex, MilvusRows, Scope
+
+    folder = tempfile.mkdtemp(prefix="ragtier-milvus-")
+    engine = MilvusIndex(
+        uri or str(Path(folder) / "bench.db"),
+        name="bench_retrieval_quality",
+        dimension=vectors.shape[1],
+        index=settings.MILVUS_INDEX,
+        bm25=bm25,
+    )
+    engine.drop()
+    where = Scope(team=1, collection=1)
+    started = time.perf_counter()
+    ids = np.arange(len(texts), dtype=np.int64)
+    engine.upsert(MilvusRows(ids, vectors, texts, where, documents=[0] * len(texts)))
+    written = time.perf_counter() - started
+    max_terms = settings.KEYWORD_MAX_QUERY_TERMS
+    started = time.perf_counter()
+    dense = [
+        engine.dense_search(query, depth, team=1, scopes=[where], allowed=None)
+        for query in query_vectors
+    ]
+    keyword = [
+        engine.keyword_search(
+            retrieval.keyword_query(text, max_terms=max_terms),
+            depth,
+            team=1,
+            scopes=[where],
+            allowed=None,
+        )
+        for text in query_texts
+    ]
+    searched = time.perf_counter() - started
+    engine.drop()
+    description = f"{uri or 'Milvus Lite'}, {settings.MILVUS_INDEX}"
+    return EngineRankings(dense, keyword, description, written, searched)
+
+
 def pipeline_settings(
     args: argparse.Namespace,
 ) -> tuple[retrieval.FusionPolicy, retrieval.BM25Parameters]:
@@ -432,6 +493,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="where to cache embeddings between runs (default: under the system temp folder)",
     )
     parser.add_argument("--no-cache", action="store_true", help="embed everything afresh")
+    parser.add_argument(
+        "--backend",
+        choices=["faiss", "milvus"],
+        default="faiss",
+        help="where the chunks are indexed and searched: FAISS and bm25s in this process, or "
+        "the Milvus engine (dense and its BM25 function) through retrieval.MilvusIndex",
+    )
+    parser.add_argument(
+        "--milvus-uri",
+        default="",
+        help="the engine for --backend milvus (default: Milvus Lite in a temporary .db)",
+    )
     args = parser.parse_args(argv)
 
     data = data_dir(args.data)
@@ -461,16 +534,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     chunk_texts, owners, chunks_over = chunk_corpus(corpus, embedder)
     chunk_seconds = time.perf_counter() - chunk_started
     chunked = embed_all(embedder, chunk_texts, label="chunks", cache_dir=cache_dir)
+    policy, bm25 = pipeline_settings(args)
     search_started = time.perf_counter()
-    chunk_index = build_index(chunked.vectors)
-    dense_hits = chunk_index.search(queried.vectors, args.depth)
+    engine: EngineRankings | None = None
+    if args.backend == "milvus":
+        engine = engine_rankings(
+            chunked.vectors,
+            chunk_texts,
+            queried.vectors,
+            [queries[q] for q in query_ids],
+            depth=args.depth,
+            uri=args.milvus_uri,
+            bm25=bm25,
+        )
+        dense_hits = engine.dense
+    else:
+        dense_hits = build_index(chunked.vectors).search(queried.vectors, args.depth)
     chunk_run, chunk_short = documents_of(dense_hits, query_ids, owners, corpus, k=100)
     chunk_scores = evaluate(chunk_run, qrels)
     chunk_search_seconds = time.perf_counter() - search_started
 
     # The other two modes, through the product's own classes: the keyword index over the
     # chunks' embedding texts (what ingestion indexes), and the fusion of both rankings.
-    policy, bm25 = pipeline_settings(args)
     keyword_started = time.perf_counter()
     keyword_index = retrieval.KeywordIndex.build(
         np.arange(len(chunk_texts), dtype=np.int64), chunk_texts
@@ -487,10 +572,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.depth,
     )
     keyword_started = time.perf_counter()
-    mode_scores: dict[str, Scores] = {
-        "dense": chunk_scores,
-        "keyword": pipeline.score_keyword(bm25),
-    }
+    if engine is not None:
+        pipeline.keyword_hits = engine.keyword
+        keyword_scores = pipeline.scores(engine.keyword)
+    else:
+        keyword_scores = pipeline.score_keyword(bm25)
+    mode_scores: dict[str, Scores] = {"dense": chunk_scores, "keyword": keyword_scores}
     keyword_search_seconds = time.perf_counter() - keyword_started
     mode_scores["hybrid"] = pipeline.score_hybrid(policy)
 
@@ -580,6 +667,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{keyword_search_seconds:.2f} s; BM25 k1={bm25.k1} b={bm25.b}; hybrid = {fusion}, "
         f"each list read to {policy.depth} chunks):"
     )
+    if engine is not None:
+        print(
+            f"backend: milvus ({engine.description}; {len(chunk_texts)} chunks written in "
+            f"{engine.write_seconds:.1f} s, {2 * len(query_ids)} searches "
+            f"{engine.search_seconds:.1f} s)"
+        )
     print(f"{'mode':<8}  {'nDCG@10':>8}  {'recall@100':>10}")
     for mode in MODES:
         scores = mode_scores[mode]

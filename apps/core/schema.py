@@ -38,7 +38,8 @@ ERROR_DESCRIPTIONS = {
     "authenticated operation), with Retry-After",
     502: "upstream_error: inference_unavailable (the inference tier failed)",
     503: "overloaded: database_unavailable, redis_unavailable, queue_full, "
-    "rate_limiter_unavailable; with Retry-After",
+    "rate_limiter_unavailable, index_unavailable (the Milvus engine cannot be reached); "
+    "with Retry-After",
     504: "upstream_error: inference_timeout (no token in time)",
 }
 

@@ -26,10 +26,10 @@ class ChunksGoWithTheirOwner(admin.ModelAdmin[Any]):
 
 @admin.register(Collection)
 class CollectionAdmin(ChunksGoWithTheirOwner):
-    list_display = ["name", "team", "index_base", "index_version", "created_at"]
+    list_display = ["name", "team", "index_backend", "index_base", "index_version", "created_at"]
     list_filter = ["team"]
     search_fields = ["name", "team__name"]
-    readonly_fields = ["index_base", "index_version", "created_at"]
+    readonly_fields = ["index_backend", "index_base", "index_version", "created_at"]
 
     # Deletes go through the services, as the API's do: the index folder and uploaded
     # files go, the team's cached answers are dropped, and the audit log says who.

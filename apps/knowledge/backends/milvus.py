@@ -15,16 +15,19 @@ are gone (never returned). ``index_check --repair`` mends both kinds of drift.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import ClassVar
 
 import numpy as np
 from django.conf import settings
 from django.db import transaction
+from pymilvus import MilvusException
 
+from apps.core.exceptions import DEPENDENCY_RETRY_SECONDS, Overloaded, retry_after_header
 from apps.knowledge.backends.base import Allowed, Drift, chunk_texts, compare
 from apps.knowledge.models import Collection
 from retrieval import BM25Parameters, Hit, Ids, KeywordQuery, Vectors
@@ -62,9 +65,10 @@ class MilvusBackend:
         if team is None:
             return []
         scopes = [scope(collection) for collection in collections]
-        return engine().dense_search(
-            query, k, team=team, scopes=scopes, allowed=_subset(collections, allowed)
-        )
+        with _reachable():
+            return engine().dense_search(
+                query, k, team=team, scopes=scopes, allowed=_subset(collections, allowed)
+            )
 
     def keyword_search(
         self,
@@ -79,9 +83,10 @@ class MilvusBackend:
         if team is None:
             return []
         scopes = [scope(collection) for collection in collections]
-        return engine().keyword_search(
-            query, k, team=team, scopes=scopes, allowed=_subset(collections, allowed)
-        )
+        with _reachable():
+            return engine().keyword_search(
+                query, k, team=team, scopes=scopes, allowed=_subset(collections, allowed)
+            )
 
     def drift(self, collection: Collection, expected: set[int]) -> Drift:
         # One row holds a chunk's vector and its BM25 terms: both sides hold the same ids.
@@ -161,6 +166,24 @@ def _upsert(collection: Collection, *, ids: Ids, vectors: Vectors) -> None:
         documents=chunks.documents,
     )
     engine().upsert(rows)
+
+
+class IndexUnavailable(Overloaded):
+    """The engine cannot be reached: nothing is searched (or charged); retry shortly."""
+
+    code = "index_unavailable"
+
+
+@contextlib.contextmanager
+def _reachable() -> Iterator[None]:
+    try:
+        yield
+    except MilvusException as exc:
+        logger.warning("milvus: search failed: %s", exc)
+        raise IndexUnavailable(
+            "The search index cannot be reached; retry shortly.",
+            headers=retry_after_header(DEPENDENCY_RETRY_SECONDS),
+        ) from exc
 
 
 def _after_commit(delete: Callable[[], None], *, what: str) -> None:

@@ -39,6 +39,7 @@ QUERIES = ["gearbox GBX-4410", "drive belt", "pump seal", "valve"]
 def milvus(settings: Any, milvus_lite: str) -> Iterator[None]:
     settings.VECTOR_BACKEND, settings.MILVUS_URI = "milvus", milvus_lite
     yield
+    settings.MILVUS_URI = milvus_lite  # a test may have pointed it elsewhere
     engine().drop()
 
 
@@ -316,3 +317,24 @@ def test_the_system_check_names_an_unknown_backend_or_engine_index(settings: Any
     settings.VECTOR_BACKEND, settings.MILVUS_INDEX = "milvus", "DISKANN"
     (error,) = search_settings_check()
     assert "MILVUS_INDEX" in error.msg
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("milvus")
+def test_an_unreachable_engine_is_503_and_charges_nothing(
+    api: APIClient, team: Team, settings: Any
+) -> None:
+    from apps.usage.models import Limit, Reservation, UsageRecord
+
+    collection = factories.collection(team=team, name="down")
+    factories.document(collection=collection, title="Gear", text="Gearbox GBX-4410.")
+    Limit.objects.create(team=team, daily_tokens=10_000)
+    queries = UsageRecord.objects.filter(operation="query").count()
+    settings.MILVUS_URI = "http://127.0.0.1:1"  # nothing listens there
+    for mode in MODES:
+        response = api.post("/api/v1/search", {"query": "GBX-4410", "mode": mode}, format="json")
+        assert response.status_code == 503, response.content
+        assert response.json()["error"]["code"] == "index_unavailable"
+        assert response["Retry-After"] == "2"
+    assert UsageRecord.objects.filter(operation="query").count() == queries
+    assert not Reservation.objects.filter(settled_at__isnull=True).exists()
