@@ -1,4 +1,5 @@
-"""Retrieval through the real parts: MiniLM from its package, FAISS, the product's chunker."""
+"""Retrieval through the real parts: MiniLM from its package, the product's chunker, FAISS
+and Milvus Lite (each test on both index backends)."""
 
 import json
 from collections.abc import Callable
@@ -16,7 +17,7 @@ from config.env import BASE_DIR
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.django_db,
-    pytest.mark.usefixtures("real_embedder"),
+    pytest.mark.usefixtures("real_embedder", "index_backend"),
 ]
 
 QUESTIONS = json.loads((Path(__file__).parents[2] / "data" / "demo_questions.json").read_text())
