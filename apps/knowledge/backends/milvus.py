@@ -11,6 +11,10 @@ search service never returns (it keeps only chunks of indexed documents) and whi
 next delivery writes again without doubling them. Deletes are made after the commit, so
 a rolled-back delete takes nothing out; a delete the engine misses leaves ids whose rows
 are gone (never returned). ``index_check --repair`` mends both kinds of drift.
+
+An engine out of reach, restarting or throttling raises :class:`EngineUnavailable`, a
+transient error like the database going away: the index stage's task retries it rather
+than fail the document, and a search answers 503 with ``Retry-After`` rather than 500.
 """
 
 from __future__ import annotations
@@ -18,12 +22,16 @@ from __future__ import annotations
 import functools
 import logging
 import re
-from collections.abc import Callable, Sequence
-from typing import ClassVar
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, ClassVar, TypeVar
 
+import grpc  # type: ignore[import-untyped]  # no stubs; pymilvus raises its errors
 import numpy as np
 from django.conf import settings
-from django.db import transaction
+from django.db import OperationalError, transaction
+from pymilvus import MilvusException
+from pymilvus.exceptions import ConnectError, ErrorCode, MilvusUnavailableException
 
 from apps.knowledge.backends.base import Allowed, Drift, chunk_texts, compare
 from apps.knowledge.models import Collection
@@ -32,11 +40,56 @@ from retrieval.milvus import MilvusIndex, MilvusRows, Scope
 
 logger = logging.getLogger(__name__)
 
+# pymilvus's code for a connection it could not make (client.types.Status.CONNECT_FAILED).
+CONNECT_FAILED = 2
+TRANSIENT_CODES = {CONNECT_FAILED, ErrorCode.RATE_LIMIT}
+TRANSIENT_RPC = {
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+}
+
+Method = TypeVar("Method", bound=Callable[..., Any])
+
+
+class EngineUnavailable(OperationalError):
+    """The engine is out of reach, restarting or throttling: retry shortly. An
+    ``OperationalError``, so that what retries or answers a database outage (the stages'
+    ``TRANSIENT``, the API's 503 with ``Retry-After``) does the same for the engine."""
+
+
+def engine_transient(error: BaseException) -> bool:
+    if isinstance(error, grpc.RpcError):
+        return error.code() in TRANSIENT_RPC
+    if isinstance(error, ConnectError | MilvusUnavailableException):
+        return True
+    return isinstance(error, MilvusException) and error.code in TRANSIENT_CODES
+
+
+@contextmanager
+def _engine_errors() -> Iterator[None]:
+    try:
+        yield
+    except (MilvusException, grpc.RpcError) as exc:
+        if engine_transient(exc):
+            raise EngineUnavailable(f"the index engine is unavailable: {exc}") from exc
+        raise
+
+
+def _translated(method: Method) -> Method:
+    @functools.wraps(method)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        with _engine_errors():
+            return method(*args, **kwargs)
+
+    return call  # type: ignore[return-value]
+
 
 class MilvusBackend:
     name: ClassVar[str] = "milvus"
     segmented: ClassVar[bool] = False
 
+    @_translated
     def append(
         self, collection: Collection, *, version: int, ids: Ids, vectors: Vectors, tombstones: Ids
     ) -> None:
@@ -46,15 +99,18 @@ class MilvusBackend:
         if len(gone):
             _after_commit(lambda: engine().delete(gone), what=f"collection {collection.pk}")
 
+    @_translated
     def rebuild(self, collection: Collection, *, version: int, ids: Ids, vectors: Vectors) -> None:
         _upsert(collection, ids=ids, vectors=vectors)
         stale = np.setdiff1d(engine().ids(scope(collection)), ids)
         if len(stale):
             _after_commit(lambda: engine().delete(stale), what=f"collection {collection.pk}")
 
+    @_translated
     def drop(self, *, team_id: int, collection_id: int) -> None:
         engine().drop_scope(Scope(team=team_id, collection=collection_id))
 
+    @_translated
     def dense_search(
         self, collections: Sequence[Collection], query: Vectors, k: int, allowed: Allowed
     ) -> list[Hit]:
@@ -66,6 +122,7 @@ class MilvusBackend:
             query, k, team=team, scopes=scopes, allowed=_subset(collections, allowed)
         )
 
+    @_translated
     def keyword_search(
         self,
         collections: Sequence[Collection],
@@ -83,6 +140,7 @@ class MilvusBackend:
             query, k, team=team, scopes=scopes, allowed=_subset(collections, allowed)
         )
 
+    @_translated
     def drift(self, collection: Collection, expected: set[int]) -> Drift:
         # One row holds a chunk's vector and its BM25 terms: both sides hold the same ids.
         held = compare(engine().ids(scope(collection)), expected)
@@ -91,6 +149,7 @@ class MilvusBackend:
     def sweep(self, collection: Collection) -> int:
         return 0
 
+    @_translated
     def leftovers(self, live: Sequence[Collection], *, repair: bool) -> int:
         in_use = self.name == settings.VECTOR_BACKEND or any(
             collection.index_backend == self.name for collection in live
