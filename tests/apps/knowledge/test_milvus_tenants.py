@@ -73,3 +73,27 @@ def test_an_engine_outage_during_search_answers_503_with_retry_after(
         assert response.status_code == 503, (mode, response.content)
         assert response.json()["error"]["type"] == "overloaded"
         assert int(response["Retry-After"]) > 0
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("milvus")
+def test_a_fusion_depth_past_the_engine_top_k_is_read_as_deep_as_the_engine_allows(
+    api: APIClient, team: Team, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Milvus refuses a limit (and an HNSW ef) past 16384; Milvus Lite does not, so the
+    test reads what the engine was asked."""
+    settings.SEARCH_FUSION_DEPTH = 20_000
+    collection = factories.collection(team=team, name="manuals")
+    gear = factories.document(collection=collection, title="Gear", text="The gearbox GBX-4410.")
+    asked: list[tuple[int, Any]] = []
+    search = engine().client.search
+
+    def recorded(*args: Any, **kwargs: Any) -> Any:
+        asked.append((kwargs["limit"], kwargs["search_params"].get("params", {}).get("ef")))
+        return search(*args, **kwargs)
+
+    monkeypatch.setattr(engine().client, "search", recorded)
+    response = api.post("/api/v1/search", {"query": "gearbox GBX-4410"}, format="json")
+    assert response.status_code == 200, response.content
+    assert [r["document_id"] for r in response.json()["results"]] == [gear.pk]
+    assert asked and all(limit <= 16_384 and (ef or 0) <= 16_384 for limit, ef in asked)
