@@ -32,6 +32,9 @@ logger = logging.getLogger(__name__)
 MAX_TERMS_BYTES = 65_535  # a VARCHAR field's limit
 WRITE_BATCH = 1_000
 READ_BATCH = 10_000
+# The most one search may return (Milvus's maxTopK, the same bound on an HNSW ef): a deeper
+# read (SEARCH_FUSION_DEPTH past it) is answered this deep, not refused.
+MAX_TOP_K = 16_384
 # Reads after writes from any process: a search sees every write acknowledged before it.
 CONSISTENCY = "Strong"
 INDEX_PARAMS: dict[str, dict[str, Any]] = {
@@ -181,7 +184,7 @@ class MilvusIndex:
         self, query: Vectors, k: int, *, team: int, scopes: Sequence[Scope], allowed: Ids | None
     ) -> list[Hit]:
         """The ``k`` chunks of ``scopes`` nearest to ``query`` (cosine), best first."""
-        search = {"metric_type": "IP", "params": self._search_params(k)}
+        search = {"metric_type": "IP", "params": self._search_params(min(k, MAX_TOP_K))}
         return self._search(
             [np.asarray(query, dtype=np.float32).reshape(-1).tolist()],
             "dense",
@@ -224,6 +227,7 @@ class MilvusIndex:
     ) -> list[Hit]:
         if not scopes or k <= 0 or (allowed is not None and not len(allowed)):
             return []
+        k = min(k, MAX_TOP_K)
         self.ensure()
         found = self.client.search(
             self.name,

@@ -11,6 +11,7 @@ from celery.exceptions import TimeLimitExceeded, WorkerLostError
 from django.conf import settings
 from django.db import InterfaceError, OperationalError
 
+from apps.knowledge.backends.base import IndexUnavailable
 from apps.knowledge.backends.faiss import collection_index_compact, collections_compact
 from apps.knowledge.services.ingestion import (
     documents_requeue_stalled,
@@ -21,7 +22,7 @@ from apps.usage.budgets import AdmissionUnavailable
 
 # Transient: the database restarting or a connection dropped, the quota store out of reach.
 # Everything else is a bug or a bad document, and retrying it would only repeat the failure.
-TRANSIENT = (OperationalError, InterfaceError, AdmissionUnavailable)
+TRANSIENT = (OperationalError, InterfaceError, AdmissionUnavailable, IndexUnavailable)
 
 
 class StageTask(Task[[int], None]):

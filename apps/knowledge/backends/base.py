@@ -8,6 +8,7 @@ from typing import ClassVar, Protocol
 
 import numpy as np
 
+from apps.core.exceptions import DEPENDENCY_RETRY_SECONDS, Overloaded, retry_after_header
 from apps.knowledge.models import Chunk, Collection
 from retrieval import BM25Parameters, Hit, Ids, KeywordQuery, Vectors, embedding_text
 
@@ -17,6 +18,19 @@ APPEND_LOOKUP_LIMIT = 5_000
 
 Allowed = dict[int, Ids] | None
 """The chunk ids each collection may return under the search's filters; None: no filter."""
+
+
+class IndexUnavailable(Overloaded):
+    """The index cannot be reached (the engine is down, restarting or throttling): nothing
+    is searched or charged, and a stage that met it is retried."""
+
+    code = "index_unavailable"
+
+    def __init__(self) -> None:
+        super().__init__(
+            "The search index cannot be reached; retry shortly.",
+            headers=retry_after_header(DEPENDENCY_RETRY_SECONDS),
+        )
 
 
 @dataclass(frozen=True)

@@ -11,35 +11,81 @@ search service never returns (it keeps only chunks of indexed documents) and whi
 next delivery writes again without doubling them. Deletes are made after the commit, so
 a rolled-back delete takes nothing out; a delete the engine misses leaves ids whose rows
 are gone (never returned). ``index_check --repair`` mends both kinds of drift.
+
+An engine out of reach, restarting or throttling raises
+:class:`~apps.knowledge.backends.base.IndexUnavailable`, a transient error: the index
+stage's task retries it rather than fail the document, and a search answers 503
+``index_unavailable`` with ``Retry-After`` (nothing charged) rather than 500.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import re
 from collections.abc import Callable, Iterator, Sequence
-from typing import ClassVar
+from contextlib import contextmanager
+from typing import Any, ClassVar, TypeVar
 
+import grpc  # type: ignore[import-untyped]  # no stubs; pymilvus raises its errors
 import numpy as np
 from django.conf import settings
 from django.db import transaction
 from pymilvus import MilvusException
+from pymilvus.exceptions import ConnectError, ErrorCode, MilvusUnavailableException
 
-from apps.core.exceptions import DEPENDENCY_RETRY_SECONDS, Overloaded, retry_after_header
-from apps.knowledge.backends.base import Allowed, Drift, chunk_texts, compare
+from apps.knowledge.backends.base import Allowed, Drift, IndexUnavailable, chunk_texts, compare
 from apps.knowledge.models import Collection
 from retrieval import BM25Parameters, Hit, Ids, KeywordQuery, Vectors
 from retrieval.milvus import MilvusIndex, MilvusRows, Scope
 
 logger = logging.getLogger(__name__)
 
+# pymilvus's code for a connection it could not make (client.types.Status.CONNECT_FAILED).
+CONNECT_FAILED = 2
+TRANSIENT_CODES = {CONNECT_FAILED, ErrorCode.RATE_LIMIT}
+TRANSIENT_RPC = {
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+}
+
+Method = TypeVar("Method", bound=Callable[..., Any])
+
+
+def engine_transient(error: BaseException) -> bool:
+    if isinstance(error, grpc.RpcError):
+        return error.code() in TRANSIENT_RPC
+    if isinstance(error, ConnectError | MilvusUnavailableException):
+        return True
+    return isinstance(error, MilvusException) and error.code in TRANSIENT_CODES
+
+
+@contextmanager
+def _engine_errors() -> Iterator[None]:
+    try:
+        yield
+    except (MilvusException, grpc.RpcError) as exc:
+        if engine_transient(exc):
+            logger.warning("milvus: the engine is unavailable: %s", exc)
+            raise IndexUnavailable() from exc
+        raise
+
+
+def _translated(method: Method) -> Method:
+    @functools.wraps(method)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        with _engine_errors():
+            return method(*args, **kwargs)
+
+    return call  # type: ignore[return-value]
+
 
 class MilvusBackend:
     name: ClassVar[str] = "milvus"
     segmented: ClassVar[bool] = False
 
+    @_translated
     def append(
         self, collection: Collection, *, version: int, ids: Ids, vectors: Vectors, tombstones: Ids
     ) -> None:
@@ -49,15 +95,18 @@ class MilvusBackend:
         if len(gone):
             _after_commit(lambda: engine().delete(gone), what=f"collection {collection.pk}")
 
+    @_translated
     def rebuild(self, collection: Collection, *, version: int, ids: Ids, vectors: Vectors) -> None:
         _upsert(collection, ids=ids, vectors=vectors)
         stale = np.setdiff1d(engine().ids(scope(collection)), ids)
         if len(stale):
             _after_commit(lambda: engine().delete(stale), what=f"collection {collection.pk}")
 
+    @_translated
     def drop(self, *, team_id: int, collection_id: int) -> None:
         engine().drop_scope(Scope(team=team_id, collection=collection_id))
 
+    @_translated
     def dense_search(
         self, collections: Sequence[Collection], query: Vectors, k: int, allowed: Allowed
     ) -> list[Hit]:
@@ -65,11 +114,11 @@ class MilvusBackend:
         if team is None:
             return []
         scopes = [scope(collection) for collection in collections]
-        with _reachable():
-            return engine().dense_search(
-                query, k, team=team, scopes=scopes, allowed=_subset(collections, allowed)
-            )
+        return engine().dense_search(
+            query, k, team=team, scopes=scopes, allowed=_subset(collections, allowed)
+        )
 
+    @_translated
     def keyword_search(
         self,
         collections: Sequence[Collection],
@@ -83,11 +132,11 @@ class MilvusBackend:
         if team is None:
             return []
         scopes = [scope(collection) for collection in collections]
-        with _reachable():
-            return engine().keyword_search(
-                query, k, team=team, scopes=scopes, allowed=_subset(collections, allowed)
-            )
+        return engine().keyword_search(
+            query, k, team=team, scopes=scopes, allowed=_subset(collections, allowed)
+        )
 
+    @_translated
     def drift(self, collection: Collection, expected: set[int]) -> Drift:
         # One row holds a chunk's vector and its BM25 terms: both sides hold the same ids.
         held = compare(engine().ids(scope(collection)), expected)
@@ -96,6 +145,7 @@ class MilvusBackend:
     def sweep(self, collection: Collection) -> int:
         return 0
 
+    @_translated
     def leftovers(self, live: Sequence[Collection], *, repair: bool) -> int:
         in_use = self.name == settings.VECTOR_BACKEND or any(
             collection.index_backend == self.name for collection in live
@@ -166,24 +216,6 @@ def _upsert(collection: Collection, *, ids: Ids, vectors: Vectors) -> None:
         documents=chunks.documents,
     )
     engine().upsert(rows)
-
-
-class IndexUnavailable(Overloaded):
-    """The engine cannot be reached: nothing is searched (or charged); retry shortly."""
-
-    code = "index_unavailable"
-
-
-@contextlib.contextmanager
-def _reachable() -> Iterator[None]:
-    try:
-        yield
-    except MilvusException as exc:
-        logger.warning("milvus: search failed: %s", exc)
-        raise IndexUnavailable(
-            "The search index cannot be reached; retry shortly.",
-            headers=retry_after_header(DEPENDENCY_RETRY_SECONDS),
-        ) from exc
 
 
 def _after_commit(delete: Callable[[], None], *, what: str) -> None:

@@ -140,3 +140,15 @@ def wait_for(
             pytest.fail(f"the worker exited waiting for {what}:\n{worker.output()}")
         time.sleep(0.1)
     pytest.fail(f"timed out after {timeout} s waiting for {what}; worker said:\n{worker.output()}")
+
+
+@pytest.fixture
+def milvus(settings: Any, milvus_lite: str) -> Iterator[None]:
+    """Collections made in the test keep their index in Milvus Lite (this process),
+    dropped after it."""
+    from apps.knowledge.backends.milvus import engine
+
+    settings.VECTOR_BACKEND, settings.MILVUS_URI = "milvus", milvus_lite
+    yield
+    settings.MILVUS_URI = milvus_lite  # a test may have pointed it elsewhere
+    engine().drop()
