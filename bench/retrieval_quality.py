@@ -377,7 +377,7 @@ def engine_rankings(
     one scope, the product's analysed terms in its BM25 function, the index kind of
     ``MILVUS_INDEX``."""
     from config.settings import retrieval as settings
-    from retrieval.milvus import MilvusIndex, MilvusRows, Scope
+    from retrieval.milvus import MilvusIndex, MilvusRows, Scope, Where
 
     folder = tempfile.mkdtemp(prefix="ragtier-milvus-")
     engine = MilvusIndex(
@@ -396,16 +396,13 @@ def engine_rankings(
     max_terms = settings.KEYWORD_MAX_QUERY_TERMS
     started = time.perf_counter()
     dense = [
-        engine.dense_search(query, depth, team=1, scopes=[where], allowed=None)
-        for query in query_vectors
+        engine.dense_search(query, depth, Where(team=1, scopes=[where])) for query in query_vectors
     ]
     keyword = [
         engine.keyword_search(
             retrieval.keyword_query(text, max_terms=max_terms),
             depth,
-            team=1,
-            scopes=[where],
-            allowed=None,
+            Where(team=1, scopes=[where]),
         )
         for text in query_texts
     ]

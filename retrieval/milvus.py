@@ -57,6 +57,31 @@ class Scope:
 
 
 @dataclass(frozen=True)
+class Where:
+    """Which chunks a search may return: those of ``scopes`` (one team's collections),
+    of ``team`` itself, and, where the caller's filters say, of ``documents`` only (the
+    filters select whole documents: a few ids where chunk ids could be millions)."""
+
+    team: int
+    scopes: Sequence[Scope]
+    documents: Ids | None = None
+
+    @property
+    def empty(self) -> bool:
+        return not self.scopes or (self.documents is not None and not len(self.documents))
+
+    def expression(self) -> str:
+        """The engine's filter: the scopes first (partition pruning), then the team, then
+        the documents; every value an int or a scope made of ints."""
+        names = ", ".join(f'"{scope}"' for scope in sorted({str(s) for s in self.scopes}))
+        expression = f"scope in [{names}] and team == {int(self.team)}"
+        if self.documents is not None:
+            listed = ", ".join(str(int(pk)) for pk in np.unique(self.documents))
+            expression += f" and document in [{listed}]"
+        return expression
+
+
+@dataclass(frozen=True)
 class MilvusRows:
     """Chunks to write: ids, their vectors, the text to index for keywords, and where
     each belongs."""
@@ -180,61 +205,34 @@ class MilvusIndex:
 
     # Reading -----------------------------------------------------------------------------
 
-    def dense_search(
-        self, query: Vectors, k: int, *, team: int, scopes: Sequence[Scope], allowed: Ids | None
-    ) -> list[Hit]:
-        """The ``k`` chunks of ``scopes`` nearest to ``query`` (cosine), best first."""
+    def dense_search(self, query: Vectors, k: int, where: Where) -> list[Hit]:
+        """The ``k`` chunks ``where`` allows nearest to ``query`` (cosine), best first."""
+        vector = np.asarray(query, dtype=np.float32).reshape(-1).tolist()
         search = {"metric_type": "IP", "params": self._search_params(min(k, MAX_TOP_K))}
-        return self._search(
-            [np.asarray(query, dtype=np.float32).reshape(-1).tolist()],
-            "dense",
-            search,
-            k,
-            team=team,
-            scopes=scopes,
-            allowed=allowed,
-        )
+        return self._search([vector], "dense", search, k, where)
 
-    def keyword_search(
-        self,
-        query: KeywordQuery,
-        k: int,
-        *,
-        team: int,
-        scopes: Sequence[Scope],
-        allowed: Ids | None,
-    ) -> list[Hit]:
-        """BM25 over the chunks of ``scopes``, best first; each query term as often as it
-        was used."""
+    def keyword_search(self, query: KeywordQuery, k: int, where: Where) -> list[Hit]:
+        """BM25 over the chunks ``where`` allows, best first; each query term as often as
+        it was used."""
         text = " ".join(
             " ".join([term] * count) for term, count in zip(query.terms, query.counts, strict=True)
         )
         if not text:
             return []
-        search = {"metric_type": "BM25"}
-        return self._search([text], "sparse", search, k, team=team, scopes=scopes, allowed=allowed)
+        return self._search([text], "sparse", {"metric_type": "BM25"}, k, where)
 
     def _search(
-        self,
-        data: list[Any],
-        field: str,
-        params: dict[str, Any],
-        k: int,
-        *,
-        team: int,
-        scopes: Sequence[Scope],
-        allowed: Ids | None,
+        self, data: list[Any], field: str, params: dict[str, Any], k: int, where: Where
     ) -> list[Hit]:
-        if not scopes or k <= 0 or (allowed is not None and not len(allowed)):
+        if where.empty or k <= 0:
             return []
-        k = min(k, MAX_TOP_K)
         self.ensure()
         found = self.client.search(
             self.name,
             data=data,
             anns_field=field,
-            limit=k,
-            filter=scope_filter(team=team, scopes=scopes, allowed=allowed),
+            limit=min(k, MAX_TOP_K),  # a deeper read is answered this deep
+            filter=search_filter(where),
             output_fields=["id"],
             search_params=params,
             consistency_level=CONSISTENCY,
@@ -311,14 +309,9 @@ def analysed_terms(text: str) -> str:
     return cut[: cut.rfind(" ")] if " " in cut else cut
 
 
-def scope_filter(*, team: int, scopes: Sequence[Scope], allowed: Ids | None) -> str:
-    """The engine's filter: the team's scopes (partition pruning), the team itself, and
-    the chunks the caller's filters allow."""
-    names = ", ".join(f'"{scope}"' for scope in sorted({str(s) for s in scopes}))
-    expression = f"scope in [{names}] and team == {int(team)}"
-    if allowed is not None:
-        expression += f" and id in [{', '.join(str(int(pk)) for pk in allowed)}]"
-    return expression
+def search_filter(where: Where) -> str:
+    """The filter a search sends (one place, so that a test can see what the engine gets)."""
+    return where.expression()
 
 
 def _batches(iterator: Any) -> Iterator[list[dict[str, Any]]]:

@@ -16,8 +16,28 @@ from retrieval import BM25Parameters, Hit, Ids, KeywordQuery, Vectors, embedding
 # (under every database's limit on query parameters).
 APPEND_LOOKUP_LIMIT = 5_000
 
-Allowed = dict[int, Ids] | None
-"""The chunk ids each collection may return under the search's filters; None: no filter."""
+
+@dataclass(frozen=True)
+class Allowed:
+    """What a search's metadata filters let through, per collection: the chunk ids (FAISS
+    filters its segments by them) and the documents they belong to (the engine filters by
+    those: a few ids where chunk ids could be millions)."""
+
+    chunks: dict[int, Ids]
+    documents: dict[int, Ids]
+
+    def __bool__(self) -> bool:
+        return True  # an empty filter still filters (everything out)
+
+    def chunks_of(self, collection_id: int) -> Ids:
+        return self.chunks.get(collection_id, NO_IDS)
+
+    def documents_of(self, collection_ids: Sequence[int]) -> Ids:
+        parts = [self.documents.get(pk, NO_IDS) for pk in collection_ids]
+        return np.concatenate(parts) if parts else NO_IDS
+
+
+NO_IDS: Ids = np.zeros(0, dtype=np.int64)
 
 
 class IndexUnavailable(Overloaded):
@@ -71,9 +91,10 @@ class IndexBackend(Protocol):
         ...
 
     def dense_search(
-        self, collections: Sequence[Collection], query: Vectors, k: int, allowed: Allowed
+        self, collections: Sequence[Collection], query: Vectors, k: int, allowed: Allowed | None
     ) -> list[Hit]:
-        """The ``k`` nearest chunks of ``collections`` (one team's) to ``query``."""
+        """The ``k`` nearest chunks of ``collections`` (one team's) to ``query``, among
+        those ``allowed`` (None: all)."""
         ...
 
     def keyword_search(
@@ -81,10 +102,11 @@ class IndexBackend(Protocol):
         collections: Sequence[Collection],
         query: KeywordQuery,
         k: int,
-        allowed: Allowed,
+        allowed: Allowed | None,
         parameters: BM25Parameters,
     ) -> list[Hit]:
-        """The ``k`` best chunks of ``collections`` (one team's) by BM25."""
+        """The ``k`` best chunks of ``collections`` (one team's) by BM25, among those
+        ``allowed`` (None: all)."""
         ...
 
     def drift(self, collection: Collection, expected: set[int]) -> Drift:

@@ -106,11 +106,11 @@ class FaissBackend:
         index_store().drop(str(collection_id))
 
     def dense_search(
-        self, collections: Sequence[Collection], query: Vectors, k: int, allowed: Allowed
+        self, collections: Sequence[Collection], query: Vectors, k: int, allowed: Allowed | None
     ) -> list[Hit]:
         hits: list[Hit] = []
         for collection in collections:
-            subset = None if allowed is None else allowed[collection.pk]
+            subset = None if allowed is None else allowed.chunks_of(collection.pk)
             hits.extend(_loaded(collection).search(query, k, allowed=subset)[0])
         return hits
 
@@ -119,12 +119,12 @@ class FaissBackend:
         collections: Sequence[Collection],
         query: KeywordQuery,
         k: int,
-        allowed: Allowed,
+        allowed: Allowed | None,
         parameters: BM25Parameters,
     ) -> list[Hit]:
         hits: list[Hit] = []
         for collection in collections:
-            subset = None if allowed is None else allowed[collection.pk]
+            subset = None if allowed is None else allowed.chunks_of(collection.pk)
             index = _loaded(collection)
             hits.extend(index.keyword_search(query, k, allowed=subset, parameters=parameters))
         return hits

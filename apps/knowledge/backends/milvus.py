@@ -37,7 +37,7 @@ from pymilvus.exceptions import ConnectError, ErrorCode, MilvusUnavailableExcept
 from apps.knowledge.backends.base import Allowed, Drift, IndexUnavailable, chunk_texts, compare
 from apps.knowledge.models import Collection
 from retrieval import BM25Parameters, Hit, Ids, KeywordQuery, Vectors
-from retrieval.milvus import MilvusIndex, MilvusRows, Scope
+from retrieval.milvus import MilvusIndex, MilvusRows, Scope, Where
 
 logger = logging.getLogger(__name__)
 
@@ -108,15 +108,9 @@ class MilvusBackend:
 
     @_translated
     def dense_search(
-        self, collections: Sequence[Collection], query: Vectors, k: int, allowed: Allowed
+        self, collections: Sequence[Collection], query: Vectors, k: int, allowed: Allowed | None
     ) -> list[Hit]:
-        team = _team(collections)
-        if team is None:
-            return []
-        scopes = [scope(collection) for collection in collections]
-        return engine().dense_search(
-            query, k, team=team, scopes=scopes, allowed=_subset(collections, allowed)
-        )
+        return engine().dense_search(query, k, _where(collections, allowed))
 
     @_translated
     def keyword_search(
@@ -124,17 +118,11 @@ class MilvusBackend:
         collections: Sequence[Collection],
         query: KeywordQuery,
         k: int,
-        allowed: Allowed,
+        allowed: Allowed | None,
         parameters: BM25Parameters,
     ) -> list[Hit]:
         # k1 and b are the engine index's, set when it was made (MilvusIndex.bm25).
-        team = _team(collections)
-        if team is None:
-            return []
-        scopes = [scope(collection) for collection in collections]
-        return engine().keyword_search(
-            query, k, team=team, scopes=scopes, allowed=_subset(collections, allowed)
-        )
+        return engine().keyword_search(query, k, _where(collections, allowed))
 
     @_translated
     def drift(self, collection: Collection, expected: set[int]) -> Drift:
@@ -232,15 +220,13 @@ def _after_commit(delete: Callable[[], None], *, what: str) -> None:
     transaction.on_commit(run)
 
 
-def _team(collections: Sequence[Collection]) -> int | None:
+def _where(collections: Sequence[Collection], allowed: Allowed | None) -> Where:
+    """One team's collections, and the documents its filters allow (None: all)."""
     teams = {collection.team_id for collection in collections}
     if len(teams) > 1:
         raise ValueError("one search reads one team's collections")
-    return next(iter(teams), None)
-
-
-def _subset(collections: Sequence[Collection], allowed: Allowed) -> Ids | None:
-    if allowed is None:
-        return None
-    parts = [allowed.get(collection.pk, np.zeros(0, dtype=np.int64)) for collection in collections]
-    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+    return Where(
+        team=next(iter(teams), 0),
+        scopes=[scope(collection) for collection in collections],
+        documents=None if allowed is None else allowed.documents_of([c.pk for c in collections]),
+    )

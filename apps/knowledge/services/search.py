@@ -89,7 +89,7 @@ def chunk_search(
     ]
     allowed = _allowed_chunks(caller=caller, collections=collections, filters=filters)
     if allowed is not None:
-        collections = [c for c in collections if len(allowed.get(c.pk, ()))]
+        collections = [c for c in collections if len(allowed.chunks_of(c.pk))]
     policy = fusion_policy()
     depth = fusion_depth(top_k, policy.depth) if mode == "hybrid" else top_k
     rankings: list[list[Hit]] = []
@@ -140,8 +140,9 @@ def bm25_parameters() -> BM25Parameters:
 
 def _allowed_chunks(
     *, caller: Caller, collections: list[Collection], filters: SearchFilters | None
-) -> Allowed:
-    """The chunk ids each collection may return under ``filters``; None: no filter."""
+) -> Allowed | None:
+    """The chunks (and their documents) each collection may return under ``filters``;
+    None: no filter."""
     if filters is None or filters.empty:
         return None
     chunks = Chunk.objects.filter(
@@ -154,9 +155,15 @@ def _allowed_chunks(
     if filters.titles is not None:
         chunks = chunks.filter(document__title__in=filters.titles)
     by_collection: dict[int, list[int]] = {}
-    for collection_id, pk in chunks.order_by().values_list("collection_id", "pk"):
+    documents: dict[int, set[int]] = {}
+    rows = chunks.order_by().values_list("collection_id", "pk", "document_id")
+    for collection_id, pk, document_id in rows:
         by_collection.setdefault(collection_id, []).append(pk)
-    return {key: np.asarray(ids, dtype=np.int64) for key, ids in by_collection.items()}
+        documents.setdefault(collection_id, set()).add(document_id)
+    return Allowed(
+        chunks={key: np.asarray(ids, dtype=np.int64) for key, ids in by_collection.items()},
+        documents={key: np.asarray(sorted(ids), dtype=np.int64) for key, ids in documents.items()},
+    )
 
 
 def _dense_search(
@@ -164,7 +171,7 @@ def _dense_search(
     caller: Caller,
     query: str,
     collections: list[Collection],
-    allowed: Allowed,
+    allowed: Allowed | None,
     k: int,
 ) -> list[Hit]:
     """Embed the query (charged) and search each collection's vector index."""
@@ -214,7 +221,7 @@ def _dense_search(
 
 
 def _keyword_search(
-    *, query: str, collections: list[Collection], allowed: Allowed, k: int
+    *, query: str, collections: list[Collection], allowed: Allowed | None, k: int
 ) -> list[Hit]:
     """Search each collection's BM25 index; no model runs, nothing is charged. The query
     is analysed once, its distinct terms capped (``KEYWORD_MAX_QUERY_TERMS``)."""

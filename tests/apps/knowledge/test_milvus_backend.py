@@ -217,7 +217,7 @@ def test_the_product_checks_each_engine_hit_for_the_team(
         found = api.post("/api/v1/search", body, format="json").json()["results"]
         assert [r["document_id"] for r in found] == [own.pk]
     # An engine filter gone wrong (every partition, every team) still leaks nothing.
-    monkeypatch.setattr("retrieval.milvus.scope_filter", lambda **kwargs: "id >= 0")
+    monkeypatch.setattr("retrieval.milvus.search_filter", lambda where: "id >= 0")
     for mode in MODES:
         body = {"query": "gearbox GBX-4410", "mode": mode}
         found = api.post("/api/v1/search", body, format="json").json()["results"]

@@ -12,7 +12,7 @@ from rest_framework.test import APIClient
 
 from apps.accounts.models import Team
 from apps.knowledge.backends.milvus import engine
-from apps.knowledge.models import Document
+from apps.knowledge.models import Chunk, Document
 from apps.knowledge.services import document_create_from_text
 from apps.knowledge.services.stages import STAGE_FUNCTIONS, STAGES
 from apps.knowledge.tasks import TRANSIENT
@@ -89,3 +89,31 @@ def test_a_fusion_depth_past_the_engine_top_k_is_read_as_deep_as_the_engine_allo
     assert response.status_code == 200, response.content
     assert [r["document_id"] for r in response.json()["results"]] == [gear.pk]
     assert asked and all(limit <= 16_384 and (ef or 0) <= 16_384 for limit, ef in asked)
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("milvus")
+def test_a_filter_over_many_chunks_reaches_the_engine_as_its_few_documents(
+    api: APIClient, team: Team, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import retrieval.milvus
+
+    collection = factories.collection(team=team, name="long")
+    text = "\n\n".join(
+        f"## Part {n}\n\nThe gearbox GBX-4410, section {n}. " * 30 for n in range(40)
+    )
+    long = factories.document(collection=collection, title="Manual", text=text)
+    factories.document(collection=collection, title="Other", text="The gearbox GBX-4410.")
+    chunks = Chunk.objects.filter(document=long).count()
+    assert chunks > 20
+    sent: list[str] = []
+    real = retrieval.milvus.search_filter
+    monkeypatch.setattr(
+        "retrieval.milvus.search_filter", lambda where: sent.append(real(where)) or sent[-1]
+    )
+    body = {"query": "gearbox GBX-4410", "filters": {"titles": ["Manual"]}, "top_k": 50}
+    found = api.post("/api/v1/search", body, format="json").json()["results"]
+    assert found and {r["document_id"] for r in found} == {long.pk}
+    # One document id per leg, not the document's every chunk id.
+    assert len(sent) == 2 and all(f"document in [{long.pk}]" in s for s in sent), sent
+    assert all(" id in " not in s for s in sent)
