@@ -348,7 +348,8 @@ def asgi_workers(upstream: Any, tmp_path: Path) -> Iterator[Callable[..., list[s
         urls: list[str] = []
         for _ in range(count):
             port = free_port()
-            log = tmp_path / f"worker-{len(logs)}.log"
+            # Not "worker-N.log": a test may start Celery workers beside them (their logs).
+            log = tmp_path / f"asgi-{len(logs)}.log"
             logs.append(log)
             with log.open("wb") as out:
                 processes.append(
