@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -264,6 +265,27 @@ def llama_server_run(*, n_ctx: int, **env: str) -> Iterator[str]:
         else:
             pytest.fail("the llama.cpp server did not start within 120 s")
         yield base_url
+    finally:
+        stop_process(process)
+
+
+@contextmanager
+def milvus_lite_server(uri: str, data_dir: Path) -> Iterator[None]:
+    """``milvus-lite server`` as runstack starts it (on ``uri``'s port, its data in
+    ``data_dir``), once it listens; stopped as runstack stops it (SIGTERM)."""
+    import subprocess
+    import sys
+
+    from apps.site.management.commands.runstack import milvus_argv, milvus_wait
+
+    process = subprocess.Popen(
+        milvus_argv(sys.executable, uri=uri, data_dir=data_dir),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        milvus_wait(process, port=int(uri.rsplit(":", 1)[1]))
+        yield
     finally:
         stop_process(process)
 
