@@ -8,6 +8,11 @@ node, must answer exactly what the other does and what one exact index built afr
 the database's rows answers. Both nodes search before each write, so each answers from
 segments it has cached: the test proves that a node's cache follows the row, not that a
 cold node reads the files. The real MiniLM embeds in every process.
+
+Once per index backend (:func:`node_environments`): FAISS, the three sharing one data
+dir and its segment files; Milvus, each with a data dir of its own and one engine
+(``milvus-lite server``), where the engine's BM25 is its own, so only dense answers are
+held to the database's ranking there.
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ from retrieval import (
     keyword_query,
 )
 from tests.apps.knowledge.conftest import Worker, wait_for
-from tests.conftest import REAL_EMBEDDER
+from tests.conftest import REAL_EMBEDDER, free_port, milvus_lite_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -72,20 +77,20 @@ QUERIES = [
 MODES = ["dense", "keyword", "hybrid"]
 TOP_K = 5
 ADMIN_PASSWORD = "a-long-password-3"
+NODES = ["node-a", "node-b", "worker"]
 
 
-def node_environments(backend: str, *, data_dir: Path, broker: str) -> list[dict[str, str]]:
+def node_environments(
+    backend: str, *, data_dir: Path, broker: str, engine: str = ""
+) -> list[dict[str, str]]:
     """The environments of node A, node B and the worker, on ``backend``.
 
     faiss: all three share one data dir, whose index segment files every write appends
-    and every node reads. (milvus, to come: each its own data dir, so no index file is
-    shared, and the engine's address.)
+    and every node reads. milvus: each its own data dir (no index file is shared; the
+    uploads, which the worker reads, stay in one place) and the engine at ``engine``.
     """
-    if backend != "faiss":
-        raise ValueError(f"no node environment for the {backend!r} backend")
     common = {
         "VECTOR_BACKEND": backend,
-        "RAGTIER_TEST_DATA_DIR": str(data_dir),
         "EMBEDDER_BACKEND": REAL_EMBEDDER,
         "HF_HUB_OFFLINE": "1",
         # Uploads and re-ingests go to the worker over the broker, not run in the node.
@@ -95,10 +100,24 @@ def node_environments(backend: str, *, data_dir: Path, broker: str) -> list[dict
         "REQUEST_RATE_PER_SECOND": "0",
         "RATE_LIMIT_KEY_PREFIX": settings.RATE_LIMIT_KEY_PREFIX,
     }
-    # Compaction runs only when the test sends it, and is due then whatever the count of
-    # dead vectors.
-    worker = {**common, "INDEX_COMPACT_TOMBSTONE_RATIO": "0.000001"}
-    return [common, common, worker]
+    if backend == "faiss":
+        shared = {**common, "RAGTIER_TEST_DATA_DIR": str(data_dir)}
+        # Compaction runs only when the test sends it, and is due then whatever the count
+        # of dead vectors.
+        return [shared, shared, {**shared, "INDEX_COMPACT_TOMBSTONE_RATIO": "0.000001"}]
+    if backend == "milvus":
+        return [
+            {
+                **common,
+                "RAGTIER_TEST_DATA_DIR": str(data_dir / name),
+                "RAGTIER_TEST_MEDIA_ROOT": str(data_dir / "media"),
+                "MILVUS_URI": engine,
+                # Exact, as the database's ranking is.
+                "MILVUS_INDEX": "FLAT",
+            }
+            for name in NODES
+        ]
+    raise ValueError(f"no node environment for the {backend!r} backend")
 
 
 @dataclass
@@ -113,7 +132,7 @@ class Cluster:
         return {"A": self.a, "B": self.b}
 
 
-@pytest.fixture(params=["faiss"])
+@pytest.fixture(params=["faiss", "milvus"])
 def cluster(
     request: pytest.FixtureRequest,
     asgi_workers: Callable[..., list[str]],
@@ -126,7 +145,10 @@ def cluster(
 ) -> Iterator[Cluster]:
     backend = str(request.param)
     settings.VECTOR_BACKEND = backend
-    env_a, env_b, env_worker = node_environments(backend, data_dir=tmp_path, broker=broker)
+    engine = request.getfixturevalue("milvus_server") if backend == "milvus" else ""
+    env_a, env_b, env_worker = node_environments(
+        backend, data_dir=tmp_path, broker=broker, engine=engine
+    )
     worker = start_worker(**env_worker)
     (url_a,) = asgi_workers(count=1, **env_a)
     (url_b,) = asgi_workers(count=1, **env_b)
@@ -138,10 +160,13 @@ def cluster(
         yield Cluster(backend, a, b, worker)
 
 
-def test_two_nodes_and_a_worker_agree_after_every_write(cluster: Cluster, staff: Any) -> None:
+def test_two_nodes_and_a_worker_agree_after_every_write(
+    cluster: Cluster, staff: Any, tmp_path: Path
+) -> None:
     created = cluster.a.post("/api/v1/collections", json={"name": "handbook"})
     assert created.status_code == 201, created.text
     collection_id = created.json()["id"]
+    assert Collection.objects.get(pk=collection_id).index_backend == cluster.backend
     ids = {name: upload(cluster.a, collection_id, name) for name in FIRST}
     ingested(cluster, collection_id)
     answers = agreed(cluster, collection_id)
@@ -196,6 +221,9 @@ def test_two_nodes_and_a_worker_agree_after_every_write(cluster: Cluster, staff:
         assert Collection.objects.get(pk=collection_id).index_version == before.index_version
         answers = agreed(cluster, collection_id)
         assert_gone(answers, ids[DELETED], deleted_chunks | old_chunks)
+    else:
+        # No node wrote an index file of its own.
+        assert not [p for name in NODES for p in (tmp_path / name / "indexes").rglob("*")]
 
 
 Answers = dict[tuple[str, str], list[tuple[int, int, float]]]
@@ -238,11 +266,19 @@ def agreed(cluster: Cluster, collection_id: int) -> Answers:
     """Every query in every mode on both nodes: the same ranked chunks with the same
     scores on each, and those one exact index built from the database ranks first."""
     answers: Answers = {}
+    live = set(
+        Chunk.objects.filter(
+            collection_id=collection_id, document__status=Document.Status.INDEXED
+        ).values_list("pk", flat=True)
+    )
     for query in QUERIES:
         for mode in MODES:
             on = {name: search(node, query, mode) for name, node in cluster.nodes.items()}
             assert on["A"] == on["B"], f"{mode} {query!r}: node A {on['A']}, node B {on['B']}"
             answers[query, mode] = on["A"]
+            assert {hit[0] for hit in on["A"]} <= live, f"{mode} {query!r}: {on['A']}"
+            if mode != "dense" and cluster.backend != "faiss":
+                continue  # the engine's own BM25 statistics, not bm25s's over the collection
             expected = database_ranking(collection_id, query, mode)
             assert [hit[0] for hit in on["A"]] == [chunk for chunk, _ in expected], (
                 f"{mode} {query!r}: the nodes {on['A']}, the database {expected}"
@@ -322,3 +358,12 @@ def admin_session(base_url: httpx.URL) -> Iterator[httpx.Client]:
         )
         assert signed_in.status_code == 302, signed_in.text
         yield client
+
+
+@pytest.fixture
+def milvus_server(tmp_path: Path) -> Iterator[str]:
+    """``milvus-lite server`` in a process of its own, its data under ``tmp_path``: the
+    engine every node of the milvus case reaches."""
+    uri = f"http://127.0.0.1:{free_port()}"
+    with milvus_lite_server(uri, tmp_path / "milvus"):
+        yield uri
