@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -268,6 +269,27 @@ def llama_server_run(*, n_ctx: int, **env: str) -> Iterator[str]:
         stop_process(process)
 
 
+@contextmanager
+def milvus_lite_server(uri: str, data_dir: Path) -> Iterator[None]:
+    """``milvus-lite server`` as runstack starts it (on ``uri``'s port, its data in
+    ``data_dir``), once it listens; stopped as runstack stops it (SIGTERM)."""
+    import subprocess
+    import sys
+
+    from apps.site.management.commands.runstack import milvus_argv, milvus_wait
+
+    process = subprocess.Popen(
+        milvus_argv(sys.executable, uri=uri, data_dir=data_dir),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        milvus_wait(process, port=int(uri.rsplit(":", 1)[1]))
+        yield
+    finally:
+        stop_process(process)
+
+
 def stop_process(process: Any) -> None:
     """Terminate a child process, kill it if it lingers, and close its pipes."""
     import subprocess
@@ -348,7 +370,8 @@ def asgi_workers(upstream: Any, tmp_path: Path) -> Iterator[Callable[..., list[s
         urls: list[str] = []
         for _ in range(count):
             port = free_port()
-            log = tmp_path / f"worker-{len(logs)}.log"
+            # Not "worker-N.log": a test may start Celery workers beside them (their logs).
+            log = tmp_path / f"asgi-{len(logs)}.log"
             logs.append(log)
             with log.open("wb") as out:
                 processes.append(

@@ -12,7 +12,9 @@ from config.settings.base import DATABASES
 
 DATA_DIR = Path(env.str("RAGTIER_TEST_DATA_DIR", default="") or tempfile.mkdtemp(prefix="ragtier-"))
 INDEX_DIR = DATA_DIR / "indexes"
-MEDIA_ROOT = DATA_DIR / "media"
+# Nodes that each keep a data dir of their own still share the uploads (the worker reads
+# what a web node stored): the real-process tests of the engine backend set this.
+MEDIA_ROOT = Path(env.str("RAGTIER_TEST_MEDIA_ROOT", default="") or DATA_DIR / "media")
 
 EMBEDDER_BACKEND = env.str("EMBEDDER_BACKEND", default="retrieval.embedders.FakeEmbedder")
 CELERY_TASK_ALWAYS_EAGER = env.bool("CELERY_TASK_ALWAYS_EAGER", default=True)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import signal
 import socket
-import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,8 +18,8 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from apps.site.management.commands import runstack
-from apps.site.management.commands.runstack import milvus_argv, milvus_wait
-from tests.conftest import free_port, stop_process
+from apps.site.management.commands.runstack import milvus_argv
+from tests.conftest import free_port, milvus_lite_server
 
 
 def test_milvus_argv_serves_milvus_uris_port_on_loopback(tmp_path: Path) -> None:
@@ -166,18 +165,10 @@ def _engine(uri: str, data_dir: Path) -> Iterator[Any]:
     it (SIGTERM)."""
     from pymilvus import MilvusClient
 
-    process = subprocess.Popen(
-        milvus_argv(sys.executable, uri=uri, data_dir=data_dir),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        milvus_wait(process, port=int(uri.rsplit(":", 1)[1]))
+    with milvus_lite_server(uri, data_dir):
         client = MilvusClient(uri=uri)
         yield client
         client.close()
-    finally:
-        stop_process(process)
 
 
 @pytest.mark.integration
