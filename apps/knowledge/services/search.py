@@ -91,7 +91,9 @@ def chunk_search(
     if allowed is not None:
         collections = [c for c in collections if len(allowed.chunks_of(c.pk))]
     policy = fusion_policy()
-    depth = fusion_depth(top_k, policy.depth) if mode == "hybrid" else top_k
+    # A single mode reads deeper than it returns too: room for hits the database no longer
+    # calls returnable (an engine row outliving its chunk) without coming up short.
+    depth = fusion_depth(top_k, policy.depth) if mode == "hybrid" else max(2 * top_k, 20)
     rankings: list[list[Hit]] = []
     if mode != "keyword":
         rankings.append(
@@ -103,19 +105,27 @@ def chunk_search(
         rankings.append(
             _keyword_search(query=query, collections=collections, allowed=allowed, k=depth)
         )
-    best = (
-        fuse(rankings[0], rankings[1], policy=policy, limit=top_k)
-        if mode == "hybrid"
-        else rankings[0]
-    )
-    chunks = Chunk.objects.select_related("document").in_bulk([hit.id for hit in best])
-    return [
-        SearchResult(chunks[hit.id], hit.score)
-        for hit in best
-        # A chunk deleted since the index was read is skipped, as is one not (or no longer)
-        # indexed; never another team's.
-        if hit.id in chunks and _returnable(chunks[hit.id], team_id=caller.team.pk)
-    ]
+    ranked = fuse(rankings[0], rankings[1], policy=policy) if mode == "hybrid" else rankings[0]
+    return _first_returnable(ranked, team_id=caller.team.pk, top_k=top_k)
+
+
+def _first_returnable(hits: list[Hit], *, team_id: int, top_k: int) -> list[SearchResult]:
+    """The first ``top_k`` of ``hits`` whose chunks may be returned, read from the database
+    a slice at a time. A chunk deleted since the index was read is skipped, as is one not
+    (or no longer) indexed; never another team's."""
+    results: list[SearchResult] = []
+    step, read = max(2 * top_k, 10), 0
+    while len(results) < top_k and read < len(hits):
+        window, read = hits[read : read + step], read + step
+        chunks = Chunk.objects.select_related("document").in_bulk([hit.id for hit in window])
+        results.extend(
+            SearchResult(chunks[hit.id], hit.score)
+            for hit in window
+            if hit.id in chunks and _returnable(chunks[hit.id], team_id=team_id)
+        )
+    if skipped := min(read, len(hits)) - len(results):
+        logger.info("search: %d hit(s) not returnable (index_check --repair)", skipped)
+    return results[:top_k]
 
 
 def _returnable(chunk: Chunk, *, team_id: int) -> bool:

@@ -12,6 +12,7 @@ from rest_framework.test import APIClient
 
 from apps.accounts.models import Team
 from apps.knowledge.backends.milvus import engine
+from apps.knowledge.backends.milvus import scope as scope_of
 from apps.knowledge.models import Chunk, Document
 from apps.knowledge.services import document_create_from_text
 from apps.knowledge.services.stages import STAGE_FUNCTIONS, STAGES
@@ -117,3 +118,27 @@ def test_a_filter_over_many_chunks_reaches_the_engine_as_its_few_documents(
     # One document id per leg, not the document's every chunk id.
     assert len(sent) == 2 and all(f"document in [{long.pk}]" in s for s in sent), sent
     assert all(" id in " not in s for s in sent)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("milvus")
+def test_engine_rows_outliving_their_chunks_never_leave_a_search_short(
+    api: APIClient, team: Team, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from apps.knowledge.services import document_delete
+
+    collection = factories.collection(team=team, name="stale")
+    gone = [
+        factories.document(collection=collection, title=f"Old {n}", text=f"Gearbox GBX-4410 {n}.")
+        for n in range(3)
+    ]
+    live = factories.document(collection=collection, title="New", text="Gearbox GBX-4410 too.")
+    with monkeypatch.context() as patched:
+        patched.setattr(engine(), "delete", unreachable)  # the engine misses the deletes
+        for document in gone:
+            document_delete(document=document)
+    assert len(engine().ids(scope_of(collection))) == 4  # three stale rows, one live
+    for mode in ("hybrid", "dense", "keyword"):
+        body = {"query": "gearbox GBX-4410", "mode": mode, "top_k": 1}
+        found = api.post("/api/v1/search", body, format="json").json()["results"]
+        assert [r["document_id"] for r in found] == [live.pk], mode
