@@ -29,10 +29,11 @@ from apps.knowledge.services import (
 from apps.knowledge.services.indexing import collection_index_append
 from retrieval import SegmentedIndex
 from tests import factories
+from tests.apps.knowledge.searching import MODES, Answers
+from tests.apps.knowledge.searching import answers as search_answers
 
 pytestmark = pytest.mark.django_db
 
-MODES = ["hybrid", "dense", "keyword"]
 QUERIES = ["gearbox GBX-4410", "drive belt", "pump seal", "valve", "manual torque"]
 TOPICS = ["gearbox GBX-4410", "drive belt DBT-9921", "pump seal", "valve body", "torque table"]
 
@@ -54,20 +55,8 @@ def committed(django_capture_on_commit_callbacks: Any) -> Callable[..., Any]:
     return call
 
 
-def answers(api: APIClient, collection: Collection) -> dict[str, list[list[tuple[int, float]]]]:
-    """Every mode's ranked (chunk id, score) for every query, through the API."""
-    found: dict[str, list[list[tuple[int, float]]]] = {}
-    for mode in MODES:
-        found[mode] = []
-        for query in QUERIES:
-            response = api.post(
-                "/api/v1/search",
-                {"query": query, "mode": mode, "top_k": 8, "collection_ids": [collection.pk]},
-                format="json",
-            )
-            assert response.status_code == 200, response.content
-            found[mode].append([(r["chunk_id"], r["score"]) for r in response.json()["results"]])
-    return found
+def answers(api: APIClient, collection: Collection) -> Answers:
+    return search_answers(api, collection, QUERIES)
 
 
 def live_chunks(collection: Collection) -> set[int]:

@@ -30,8 +30,9 @@ from apps.knowledge.services import (
 )
 from retrieval.milvus import MilvusRows, Scope
 from tests import factories
+from tests.apps.knowledge.searching import MODES, Answers
+from tests.apps.knowledge.searching import answers as search_answers
 
-MODES = ["hybrid", "dense", "keyword"]
 QUERIES = ["gearbox GBX-4410", "drive belt", "pump seal", "valve"]
 
 
@@ -47,23 +48,19 @@ def committed(django_capture_on_commit_callbacks: Any) -> Callable[..., Any]:
     return call
 
 
-def answers(
-    api: APIClient, collection: Collection, modes: Sequence[str] = tuple(MODES)
-) -> dict[str, list[list[tuple[int, float]]]]:
-    found: dict[str, list[list[tuple[int, float]]]] = {}
-    for mode in modes:
-        found[mode] = []
-        for query in QUERIES:
-            response = api.post(
-                "/api/v1/search",
-                {"query": query, "mode": mode, "top_k": 8, "collection_ids": [collection.pk]},
-                format="json",
-            )
-            assert response.status_code == 200, response.content
-            found[mode].append(
-                [(r["chunk_id"], round(r["score"], 4)) for r in response.json()["results"]]
-            )
-    return found
+def answers(api: APIClient, collection: Collection, modes: Sequence[str] = MODES) -> Answers:
+    return search_answers(api, collection, QUERIES, modes=modes, digits=4)
+
+
+def stray(pk: int, where: Scope, text: str) -> MilvusRows:
+    """One engine row the database never had."""
+    return MilvusRows(
+        ids=np.array([pk], dtype=np.int64),
+        vectors=np.ones((1, 384), dtype=np.float32) / np.sqrt(384),
+        texts=[text],
+        scope=where,
+        documents=[0],
+    )
 
 
 def live_chunks(collection: Collection) -> set[int]:
@@ -168,25 +165,9 @@ def test_index_check_mends_missing_stray_and_orphaned_engine_rows(
     factories.document(collection=theirs, title="Pump", text="The pump seal.")
     (lost, *_) = sorted(live_chunks(collection))
     engine().delete([lost])  # the engine lost a row
-    engine().upsert(  # and holds a chunk the database never had
-        MilvusRows(
-            ids=np.array([10**9], dtype=np.int64),
-            vectors=np.ones((1, 384), dtype=np.float32) / np.sqrt(384),
-            texts=["stray"],
-            scope=scope(collection),
-            documents=[0],
-        )
-    )
+    engine().upsert(stray(10**9, scope(collection), "stray"))  # one the database never had
     gone = Scope(team=team.pk, collection=10**6)  # a deleted collection the engine kept
-    engine().upsert(
-        MilvusRows(
-            ids=np.array([10**9 + 1], dtype=np.int64),
-            vectors=np.ones((1, 384), dtype=np.float32) / np.sqrt(384),
-            texts=["orphan"],
-            scope=gone,
-            documents=[0],
-        )
-    )
+    engine().upsert(stray(10**9 + 1, gone, "orphan"))
     out = StringIO()
     with pytest.raises(CommandError, match="2 collection"):
         call_command("index_check", stdout=out)
@@ -284,7 +265,7 @@ def test_reindex_moves_collections_both_ways_while_searches_go_on(
         # SQLite has one writer: a search that records its query's usage waits for the
         # move's transaction there, so only keyword search (which records nothing) runs
         # alongside it; PostgreSQL runs every mode.
-        modes = MODES if connection.vendor == "postgresql" else ["keyword"]
+        modes = MODES if connection.vendor == "postgresql" else ("keyword",)
         during = answers(api, library, modes)
         release.set()
         mover.join(60)
