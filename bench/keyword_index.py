@@ -33,20 +33,10 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:  # run as ``python bench/keyword_index.py``
     sys.path.insert(0, str(REPO_ROOT))
 
+from bench.harness import synthetic_texts  # noqa: E402
 from retrieval import KeywordIndex  # noqa: E402
 
-VOCABULARY = 50_000
 QUERIES = 200
-
-
-def synthetic_texts(count: int, *, words: int, seed: int) -> list[str]:
-    rng = np.random.default_rng(seed)
-    letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
-    vocabulary = [
-        "".join(rng.choice(letters, size=int(rng.integers(3, 11)))) for _ in range(VOCABULARY)
-    ]
-    ranks = np.minimum(rng.zipf(1.1, size=(count, words)), VOCABULARY) - 1
-    return [" ".join(vocabulary[r] for r in row) for row in ranks]
 
 
 def percentile(values: list[float], share: float) -> float:

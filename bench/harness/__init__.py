@@ -1,5 +1,6 @@
 """What two or more bench scripts share: Django on a fresh data folder, the subprocesses a
-run starts, the streams and admissions it times, and how it prints percentiles.
+run starts (Milvus Lite among them), the streams and admissions it times, and how it
+prints percentiles.
 
 A script puts the repository root on ``sys.path`` and imports from here, never from
 another script, so each one can change its measurement without moving another's.
@@ -20,6 +21,14 @@ from bench.harness.environment import (
     setup_data,
     setup_django,
     start_django,
+)
+from bench.harness.milvus import (
+    folder_bytes,
+    peak_rss_bytes,
+    rss_bytes,
+    settle,
+    start_milvus_lite,
+    stop_milvus_lite,
 )
 from bench.harness.processes import (
     CONTEXT_WINDOW,
@@ -52,6 +61,7 @@ from bench.harness.vectors import (
     Fixture,
     create_fixture,
     random_unit_vectors,
+    synthetic_texts,
 )
 
 __all__ = [
@@ -79,6 +89,7 @@ __all__ = [
     "create_fixture",
     "direct_body",
     "django_env",
+    "folder_bytes",
     "free_port",
     "fresh_database",
     "load_average",
@@ -86,18 +97,24 @@ __all__ = [
     "median",
     "new_conversation",
     "p95",
+    "peak_rss_bytes",
     "percentile",
     "quiet_gc",
     "random_unit_vectors",
     "redis_cleanup",
+    "rss_bytes",
     "run_configuration",
     "service_env",
+    "settle",
     "setup_data",
     "setup_django",
     "start_app",
     "start_django",
+    "start_milvus_lite",
+    "stop_milvus_lite",
     "stream_app",
     "stream_direct",
+    "synthetic_texts",
     "tier_client",
     "wait_ready",
 ]

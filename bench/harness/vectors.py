@@ -1,5 +1,6 @@
 """A collection of random unit vectors with stand-in chunk rows, built straight into the
-database (retrieval_latency and index_write measure on it)."""
+database (retrieval_latency and index_write measure on it), and stand-in chunk text
+(keyword_index and index_kinds)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import numpy as np
 import numpy.typing as npt
 
 DIMENSION = 384
+VOCABULARY = 50_000
 CHUNK_TEXT = (
     "Benchmark chunk {i}. Retrieval augmented generation answers a question from passages "
     "found by vector search; this row stands in for a real chunk of about two hundred word "
@@ -28,7 +30,9 @@ class Fixture:
     rebuild_seconds: float
 
 
-def create_fixture(size: int, *, batch_size: int, seed: int) -> Fixture:
+def create_fixture(size: int, *, batch_size: int, seed: int, backend: str | None = None) -> Fixture:
+    """A team, a collection of ``size`` chunk rows with random vectors, and its index built
+    by ``collection_index_rebuild`` in ``backend`` (None: the collection's default)."""
     from django.db import transaction
 
     from apps.accounts.services import team_create
@@ -75,7 +79,7 @@ def create_fixture(size: int, *, batch_size: int, seed: int) -> Fixture:
     insert_seconds = time.perf_counter() - started
 
     started = time.perf_counter()
-    collection = collection_index_rebuild(collection_id=collection.pk)
+    collection = collection_index_rebuild(collection_id=collection.pk, backend=backend)
     rebuild_seconds = time.perf_counter() - started
     return Fixture(size, team, collection, insert_seconds, rebuild_seconds)
 
@@ -84,3 +88,15 @@ def random_unit_vectors(rng: np.random.Generator, count: int) -> npt.NDArray[np.
     vectors = rng.standard_normal((count, DIMENSION), dtype=np.float32)
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
     return vectors
+
+
+def synthetic_texts(count: int, *, words: int, seed: int) -> list[str]:
+    """``count`` texts of ``words`` words each, drawn from a Zipf distribution over a
+    50,000-word vocabulary, so that posting lengths look like a natural language's."""
+    rng = np.random.default_rng(seed)
+    letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
+    vocabulary = [
+        "".join(rng.choice(letters, size=int(rng.integers(3, 11)))) for _ in range(VOCABULARY)
+    ]
+    ranks = np.minimum(rng.zipf(1.1, size=(count, words)), VOCABULARY) - 1
+    return [" ".join(vocabulary[r] for r in row) for row in ranks]
