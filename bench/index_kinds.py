@@ -98,12 +98,13 @@ from retrieval.index import (  # noqa: E402
     ivf_lists,
     ivf_probes,
 )
-from retrieval.milvus import MilvusIndex, MilvusRows, Scope  # noqa: E402
+from retrieval.milvus import MilvusIndex, MilvusRows, Scope, Where  # noqa: E402
 
 DIMENSION = 384
 CENTRES = 1000
 MILVUS_KINDS = {"milvus-hnsw": "HNSW", "milvus-flat": "FLAT", "milvus-ivf": "IVF_FLAT"}
 SCOPE = Scope(team=1, collection=1)
+WHERE = Where(team=SCOPE.team, scopes=[SCOPE])
 WRITE_ROWS = 10_000  # rows per upsert call; MilvusIndex sends them 1,000 a request
 
 
@@ -222,7 +223,7 @@ def measure_milvus(
         settle(server)
 
         def dense(query: np.ndarray) -> list[Hit]:
-            return engine.dense_search(query, 10, team=SCOPE.team, scopes=[SCOPE], allowed=None)
+            return engine.dense_search(query, 10, WHERE)
 
         def unfiltered(query: np.ndarray) -> list[Hit]:
             found = engine.client.search(
@@ -236,9 +237,7 @@ def measure_milvus(
             return [Hit(int(row["id"]), float(row["distance"])) for row in found[0]]
 
         def keyword(text: str) -> list[Hit]:
-            return engine.keyword_search(
-                keyword_query(text), 10, team=SCOPE.team, scopes=[SCOPE], allowed=None
-            )
+            return engine.keyword_search(keyword_query(text), 10, WHERE)
 
         row = query_figures(dense, queries, truth)
         engine_only = query_figures(unfiltered, queries, truth)
