@@ -6,6 +6,11 @@ What is swept
        dense list's weight), each list read to each candidate ``depth`` (chunks). The
        choice is the best nDCG@10 at the shallowest depth that comes within
        ``--tolerance`` of the best overall, since every search pays for its depth.
+    3. Recall (issue 32): z-score fusion by document (each document's best chunk takes
+       the document's fused score, ``FusionPolicy.by_document``) at each ``alpha`` and
+       ``depth``, beside the rows of stage 2. A row replaces stage 2's choice only if it
+       raises dev recall@100 and gives up no more than ``--tolerance`` of its nDCG@10;
+       among those rows, stage 2's rule chooses.
 
     Every mode runs the pipeline of ``bench/retrieval_quality.py`` (the product's chunks,
     MiniLM in a flat FAISS index, the product's BM25 and fusion), and scores it the same
@@ -68,6 +73,15 @@ def fusion_policies(alphas: Sequence[float], depths: Sequence[int]) -> list[retr
     return policies
 
 
+def by_document_policies(
+    alphas: Sequence[float], depths: Sequence[int]
+) -> list[retrieval.FusionPolicy]:
+    return [
+        retrieval.FusionPolicy(method="zscore", alpha=alpha, depth=depth, by_document=True)
+        for alpha, depth in itertools.product(alphas, depths)
+    ]
+
+
 def best_of(rows: Sequence[tuple[T, quality.Scores]]) -> tuple[T, quality.Scores]:
     """The best nDCG@10; recall@100 breaks ties."""
     return max(rows, key=lambda row: (row[1].ndcg_at_10, row[1].recall_at_100))
@@ -84,6 +98,24 @@ def chosen_fusion(
     return best_of([row for row in close if row[0].depth == shallowest])
 
 
+def chosen_for_recall(
+    rows: Sequence[tuple[retrieval.FusionPolicy, quality.Scores]],
+    current: tuple[retrieval.FusionPolicy, quality.Scores],
+    *,
+    tolerance: float,
+) -> tuple[retrieval.FusionPolicy, quality.Scores]:
+    """``current`` unless a row has a higher recall@100 at no more than ``tolerance`` less
+    nDCG@10; among such rows, :func:`chosen_fusion`'s rule."""
+    scores = current[1]
+    better = [
+        row
+        for row in rows
+        if row[1].recall_at_100 > scores.recall_at_100
+        and row[1].ndcg_at_10 >= scores.ndcg_at_10 - tolerance
+    ]
+    return chosen_fusion(better, tolerance=tolerance) if better else current
+
+
 def print_keyword_table(rows: Sequence[tuple[retrieval.BM25Parameters, quality.Scores]]) -> None:
     print(f"{'k1':>5}  {'b':>5}  {'nDCG@10':>8}  {'recall@100':>10}")
     for parameters, scores in rows:
@@ -94,11 +126,12 @@ def print_keyword_table(rows: Sequence[tuple[retrieval.BM25Parameters, quality.S
 
 
 def print_fusion_table(rows: Sequence[tuple[retrieval.FusionPolicy, quality.Scores]]) -> None:
-    print(f"{'fusion':<7}  {'alpha':>5}  {'depth':>5}  {'nDCG@10':>8}  {'recall@100':>10}")
+    print(f"{'fusion':<11}  {'alpha':>5}  {'depth':>5}  {'nDCG@10':>8}  {'recall@100':>10}")
     for policy, scores in rows:
         alpha = "-" if policy.method == "rrf" else f"{policy.alpha:.2f}"
+        method = f"{policy.method}/doc" if policy.by_document else policy.method
         print(
-            f"{policy.method:<7}  {alpha:>5}  {policy.depth:>5}  "
+            f"{method:<11}  {alpha:>5}  {policy.depth:>5}  "
             f"{scores.ndcg_at_10:>8.4f}  {scores.recall_at_100:>10.4f}"
         )
 
@@ -111,7 +144,12 @@ def summary(
     """The chosen settings and each mode's dev figures: the sweep's last line."""
     return {
         "bm25": {"k1": bm25.k1, "b": bm25.b},
-        "fusion": {"method": policy.method, "alpha": policy.alpha, "depth": policy.depth},
+        "fusion": {
+            "method": policy.method,
+            "alpha": policy.alpha,
+            "depth": policy.depth,
+            "by_document": policy.by_document,
+        },
         "ndcg_at_10": {mode: round(s.ndcg_at_10, 4) for mode, s in scores.items()},
         "recall_at_100": {mode: round(s.recall_at_100, 4) for mode, s in scores.items()},
     }
@@ -142,7 +180,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     fusion_rows = [(policy, run.score_hybrid(policy)) for policy in fusion_policies(ALPHAS, DEPTHS)]
     print(f"\nhybrid with BM25 k1={bm25.k1}, b={bm25.b}:")
     print_fusion_table(fusion_rows)
-    policy, scores = chosen_fusion(fusion_rows, tolerance=args.tolerance)
+    chosen = chosen_fusion(fusion_rows, tolerance=args.tolerance)
+    print(f"\nstage 2 chooses {chosen[0]}: {chosen[1]}")
+
+    document_rows = [
+        (policy, run.score_hybrid(policy)) for policy in by_document_policies(ALPHAS, DEPTHS)
+    ]
+    print("\nz-score fusion by document, same BM25:")
+    print_fusion_table(document_rows)
+    policy, scores = chosen_for_recall(
+        fusion_rows + document_rows, chosen, tolerance=args.tolerance
+    )
     figures = {"dense": run.score_dense(), "keyword": bm25_scores, "hybrid": scores}
     print()
     print(json.dumps(summary(bm25, policy, figures)))

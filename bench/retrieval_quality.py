@@ -23,9 +23,12 @@ What is measured
     settings say (``SEARCH_FUSION``, ``SEARCH_FUSION_ALPHA``, ``SEARCH_FUSION_DEPTH``),
     as ``chunk_search`` fuses them: each list read to the fusion depth (what a search of
     up to that many chunks fuses).
-    ``--fusion``, ``--alpha``, ``--fusion-depth``, ``--k1`` and ``--b`` override the
-    settings. The defaults were chosen on the dev split (``bench/fusion_sweep.py``),
-    never on test: docs/retrieval.md.
+    With ``SEARCH_FUSION_BY_DOCUMENT`` each document's best chunk takes the document's
+    fused score (its best dense chunk's and its best keyword chunk's), as ``chunk_search``
+    fuses by document. ``--fusion``, ``--alpha``, ``--fusion-depth``,
+    ``--[no-]by-document``, ``--k1`` and ``--b`` override the settings. The defaults
+    were chosen on the dev split (``bench/fusion_sweep.py``), never on test:
+    docs/retrieval.md.
 
     With ``--compare-plain`` (the default) the MTEB-style baseline runs beside it on the
     same model and queries: one vector per abstract from ``title + " " + text``, truncated
@@ -54,6 +57,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import hashlib
 import json
 import math
@@ -286,6 +290,7 @@ def product_defaults() -> tuple[retrieval.FusionPolicy, retrieval.BM25Parameters
         method=settings.SEARCH_FUSION,
         alpha=settings.SEARCH_FUSION_ALPHA,
         depth=settings.SEARCH_FUSION_DEPTH,
+        by_document=settings.SEARCH_FUSION_BY_DOCUMENT,
     )
     return policy, retrieval.BM25Parameters(k1=settings.KEYWORD_BM25_K1, b=settings.KEYWORD_BM25_B)
 
@@ -348,10 +353,17 @@ class Pipeline:
     def fused(self, policy: retrieval.FusionPolicy, depth: int) -> list[list[retrieval.Hit]]:
         if self.keyword_hits is None:
             raise RuntimeError("use_keyword() first")
+        documents = self.documents if policy.by_document else None
         return [
-            retrieval.fuse(dense[:depth], keyword[:depth], policy=policy)
+            retrieval.fuse(dense[:depth], keyword[:depth], policy=policy, documents=documents)
             for dense, keyword in zip(self.dense_hits, self.keyword_hits, strict=True)
         ]
+
+    @functools.cached_property
+    def documents(self) -> dict[int, int]:
+        """Each chunk's document (its corpus position), as ``chunk_search`` reads each
+        chunk's document to fuse by document."""
+        return dict(enumerate(self.owners.tolist()))
 
 
 @dataclass(frozen=True)
@@ -421,6 +433,7 @@ def pipeline_settings(
         method=args.fusion or policy.method,
         alpha=policy.alpha if args.alpha is None else args.alpha,
         depth=args.fusion_depth or policy.depth,
+        by_document=policy.by_document if args.by_document is None else args.by_document,
     )
     bm25 = retrieval.BM25Parameters(
         k1=bm25.k1 if args.k1 is None else args.k1, b=bm25.b if args.b is None else args.b
@@ -481,6 +494,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--alpha", type=float, help="dense weight of a score fusion")
     parser.add_argument("--fusion-depth", type=int, help="chunks each list is read to")
+    parser.add_argument(
+        "--by-document",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="fuse by document: each document's best chunk takes the document's fused score "
+        "(default: settings)",
+    )
     parser.add_argument("--k1", type=float, help="BM25 k1 (default: settings)")
     parser.add_argument("--b", type=float, help="BM25 b (default: settings)")
     parser.add_argument(
@@ -661,8 +681,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(
         f"search modes over the same {len(chunk_texts)} chunks (keyword index built in "
         f"{keyword_build_seconds:.1f} s; {len(query_ids)} keyword searches "
-        f"{keyword_search_seconds:.2f} s; BM25 k1={bm25.k1} b={bm25.b}; hybrid = {fusion}, "
-        f"each list read to {policy.depth} chunks):"
+        f"{keyword_search_seconds:.2f} s; BM25 k1={bm25.k1} b={bm25.b}; hybrid = {fusion}"
+        f"{' by document' if policy.by_document else ''}, each list read to {policy.depth} "
+        "chunks):"
     )
     if engine is not None:
         print(

@@ -63,8 +63,11 @@ KEYWORD_BM25_B = env.float("KEYWORD_BM25_B", default=0.3)
 # minmax or zscore (each list's scores normalised, then SEARCH_FUSION_ALPHA * dense +
 # (1 - alpha) * keyword). Each list is read at least SEARCH_FUSION_DEPTH chunks deep.
 SEARCH_FUSION = env.str("SEARCH_FUSION", default="zscore")
-SEARCH_FUSION_ALPHA = env.float("SEARCH_FUSION_ALPHA", default=0.5)
-SEARCH_FUSION_DEPTH = env.int("SEARCH_FUSION_DEPTH", default=400)
+SEARCH_FUSION_ALPHA = env.float("SEARCH_FUSION_ALPHA", default=0.6)
+SEARCH_FUSION_DEPTH = env.int("SEARCH_FUSION_DEPTH", default=1000)
+# Fuse by document: each document's best chunk takes the document's fused score (its best
+# dense chunk's and its best keyword chunk's); its other chunks keep their own.
+SEARCH_FUSION_BY_DOCUMENT = env.bool("SEARCH_FUSION_BY_DOCUMENT", default=True)
 CHUNK_OVERLAP_TOKENS = env.int("CHUNK_OVERLAP_TOKENS", default=32)
 EMBED_BATCH_SIZE = env.int("EMBED_BATCH_SIZE", default=64)
 # POST /v1/embeddings runs the model on the shared database pool, a slice of

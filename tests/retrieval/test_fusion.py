@@ -201,3 +201,65 @@ def test_a_policy_out_of_range_is_refused(fields: dict[str, object], message: st
 def test_the_policy_depth_sets_how_deep_lists_are_read() -> None:
     assert fusion_depth(5, 300) == 300
     assert fusion_depth(500, 300) == 500
+
+
+# Fusion by document: each document's best chunk takes the document's fused score.
+
+
+def test_by_document_a_documents_best_chunk_counts_its_best_in_each_list() -> None:
+    # Document 10 is found by meaning in chunk 1 and by words in chunk 2; document 20 by
+    # both in one chunk, 3, a little lower in each list.
+    dense = [Hit(1, 3.0), Hit(3, 2.0), Hit(2, 1.0)]  # min-max: 1, 0.5, 0
+    keyword = [Hit(2, 30.0), Hit(3, 20.0), Hit(4, 10.0)]  # min-max: 1, 0.5, 0
+    documents = {1: 10, 2: 10, 3: 20, 4: 30}
+    plain = normalised_score_fusion(dense, keyword, alpha=0.5, normalise=min_max_scores)
+    assert [hit.id for hit in plain][:2] == [1, 2]  # tied at 0.5 with 3, by id
+    assert {hit.id: hit.score for hit in plain}[3] == pytest.approx(0.5)
+    fused = normalised_score_fusion(
+        dense, keyword, alpha=0.5, normalise=min_max_scores, documents=documents
+    )
+    scores = {hit.id: hit.score for hit in fused}
+    # Chunk 1 leads document 10 (0.5 against chunk 2's 0.5, by id) and takes 0.5 * 1 +
+    # 0.5 * 1; chunk 2 keeps its own 0.5, as do 3 and 4 (the only chunks of theirs).
+    assert scores == {1: 1.0, 2: 0.5, 3: 0.5, 4: 0.0}
+    assert [hit.id for hit in fused] == [1, 2, 3, 4]
+
+
+def test_by_document_other_chunks_keep_their_own_scores_and_unnamed_items_stand_alone() -> None:
+    dense = [Hit(1, 3.0), Hit(2, 2.0), Hit(5, 1.0)]  # min-max: 1, 0.5, 0
+    keyword = [Hit(2, 9.0), Hit(5, 3.0), Hit(1, 1.0)]  # min-max: 1, 0.25, 0
+    documents = {1: 10, 2: 10}  # 5 is named by none: a document of its own
+    fused = normalised_score_fusion(
+        dense, keyword, alpha=0.5, normalise=min_max_scores, documents=documents
+    )
+    scores = {hit.id: hit.score for hit in fused}
+    # Chunk 2 leads document 10 (0.75 against chunk 1's 0.5): it takes 1 and 1.
+    assert scores == {2: 1.0, 1: 0.5, 5: pytest.approx(0.125)}
+
+
+def test_by_document_with_one_chunk_per_document_changes_nothing() -> None:
+    dense = [Hit(1, 0.9), Hit(2, 0.5), Hit(3, 0.1)]
+    keyword = [Hit(3, 20.0), Hit(4, 10.0), Hit(1, 0.0)]
+    documents = {item: 100 + item for item in (1, 2, 3, 4)}
+    for method in ("rrf", "minmax", "zscore"):
+        chunks = fuse(dense, keyword, policy=FusionPolicy(method=method))
+        by_document = FusionPolicy(method=method, by_document=True)
+        assert fuse(dense, keyword, policy=by_document, documents=documents) == chunks
+
+
+def test_rrf_by_document_sums_each_documents_best_reciprocal_ranks() -> None:
+    fused = reciprocal_rank_fusion([hits(1, 3), hits(2, 3)], documents={1: 10, 2: 10, 3: 30})
+    scores = {hit.id: hit.score for hit in fused}
+    assert scores == {1: pytest.approx(2 / 61), 2: 1 / 61, 3: pytest.approx(2 / 62)}
+    assert [hit.id for hit in fused] == [1, 3, 2]
+
+
+def test_fusion_by_document_needs_the_documents_and_is_off_unless_asked() -> None:
+    dense, keyword = hits(1, 2), hits(2, 1)
+    with pytest.raises(ValueError, match="by document"):
+        fuse(dense, keyword, policy=FusionPolicy(method="zscore", by_document=True))
+    policy = FusionPolicy(method="zscore")
+    assert not policy.by_document
+    assert fuse(dense, keyword, policy=policy, documents={1: 5, 2: 5}) == fuse(
+        dense, keyword, policy=policy
+    )

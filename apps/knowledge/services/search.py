@@ -77,7 +77,8 @@ def chunk_search(
     and filters select among the team's own chunks (read from the database) inside each
     index's search, before either list is cut or fused. ``score`` is the cosine
     similarity (``dense``), the BM25 score (``keyword``) or the fused score (``hybrid``:
-    reciprocal ranks or normalised scores, :func:`fusion_policy`). The query's embedding
+    reciprocal ranks or normalised scores, each document's best chunk carrying the
+    document's, :func:`fusion_policy`). The query's embedding
     tokens (``dense``, ``hybrid``) are charged to the team.
     """
     if mode not in SEARCH_MODES:
@@ -105,8 +106,24 @@ def chunk_search(
         rankings.append(
             _keyword_search(query=query, collections=collections, allowed=allowed, k=depth)
         )
-    ranked = fuse(rankings[0], rankings[1], policy=policy) if mode == "hybrid" else rankings[0]
+    ranked = (
+        fuse(
+            rankings[0],
+            rankings[1],
+            policy=policy,
+            documents=_documents_of(rankings) if policy.by_document else None,
+        )
+        if mode == "hybrid"
+        else rankings[0]
+    )
     return _first_returnable(ranked, team_id=caller.team.pk, top_k=top_k)
+
+
+def _documents_of(rankings: list[list[Hit]]) -> dict[int, int]:
+    """Each listed chunk's document, to fuse by document. The ids come from the caller's
+    own indexes; a chunk deleted since is absent, and fuses as a document of its own."""
+    ids = {hit.id for ranking in rankings for hit in ranking}
+    return dict(Chunk.objects.filter(pk__in=ids).values_list("pk", "document_id"))
 
 
 def _first_returnable(hits: list[Hit], *, team_id: int, top_k: int) -> list[SearchResult]:
@@ -134,12 +151,14 @@ def _returnable(chunk: Chunk, *, team_id: int) -> bool:
 
 
 def fusion_policy() -> FusionPolicy:
-    """How hybrid search fuses its lists: ``SEARCH_FUSION``, ``SEARCH_FUSION_ALPHA`` and
-    ``SEARCH_FUSION_DEPTH`` (read per search, so a settings override applies at once)."""
+    """How hybrid search fuses its lists: ``SEARCH_FUSION``, ``SEARCH_FUSION_ALPHA``,
+    ``SEARCH_FUSION_DEPTH`` and ``SEARCH_FUSION_BY_DOCUMENT`` (read per search, so a
+    settings override applies at once)."""
     return FusionPolicy(
         method=settings.SEARCH_FUSION,
         alpha=settings.SEARCH_FUSION_ALPHA,
         depth=settings.SEARCH_FUSION_DEPTH,
+        by_document=bool(settings.SEARCH_FUSION_BY_DOCUMENT),
     )
 
 

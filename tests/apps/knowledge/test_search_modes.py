@@ -24,6 +24,7 @@ from apps.knowledge.services import (
 )
 from apps.knowledge.services.indexing import collection_index_append
 from apps.usage.models import Limit, QuotaCounter, Reservation, UsageRecord
+from retrieval import FusionPolicy, Hit, fuse
 from tests import factories
 from tests.apps.accounts.test_auth import error_of
 
@@ -92,15 +93,16 @@ def test_each_mode_finds_by_its_own_means(api: APIClient, library: Collection, m
     assert results[0]["title"] == "Fans"
     if mode == "keyword":  # only chunks holding a query term, scored by BM25
         assert [r["title"] for r in results] == ["Fans"]
-    if mode == "hybrid":  # z-scores (the default), alpha 0.5: top of dense, keyword's only
-        assert results[0]["score"] == pytest.approx(0.5 * 1 + 0.5 * 1)
+    if mode == "hybrid":  # z-scores (the default), alpha 0.6: top of dense, keyword's only
+        assert results[0]["score"] == pytest.approx(0.6 * 1 + 0.4 * 1)
 
 
 def test_the_default_mode_is_hybrid_fused_by_z_scores(api: APIClient, library: Collection) -> None:
     default = search(api, query="cafeteria soup")
     assert default == search(api, query="cafeteria soup", mode="hybrid")
-    # Dense z-scores 1 and -1; the one keyword hit 1, the missing at 0; alpha 0.5.
-    assert [r["score"] for r in default] == [pytest.approx(1.0), pytest.approx(-0.5)]
+    # Dense z-scores 1 and -1; the one keyword hit 1, the missing at 0; alpha 0.6 (one
+    # chunk per document: fusing by document changes nothing here).
+    assert [r["score"] for r in default] == [pytest.approx(1.0), pytest.approx(-0.6)]
 
 
 def test_keyword_mode_charges_nothing_and_dense_modes_charge_the_query(
@@ -366,6 +368,43 @@ def test_the_fusion_setting_switches_the_hybrid_pipeline(
         ("Soup", pytest.approx(soup)),
         ("Fans", pytest.approx(fans)),
     ]
+
+
+def test_hybrid_fuses_by_document_as_the_setting_says(
+    api: APIClient, team: Team, settings: Any
+) -> None:
+    """With ``SEARCH_FUSION_BY_DOCUMENT`` each document's best chunk takes the document's
+    best z-score from each list; its other chunks keep their own (retrieval.fuse)."""
+    collection = factories.collection(team=team)
+    filler = " ".join(f"filler{n}" for n in range(300))
+    # Menu's first chunk is nearly all soup (dense's best of it), its last holds the rare
+    # word cafeteria (keyword's best of it, soup being common).
+    factories.document(
+        collection=collection,
+        title="Menu",
+        text=f"{'soup ' * 200}. {filler}. The cafeteria, the cafeteria.",
+    )
+    for title in ("Soup", "Stew", "Broth", "Chowder", "Bisque", "Consomme"):
+        factories.document(collection=collection, title=title, text="Soup of the day.")
+    query = "cafeteria soup"
+    dense = search(api, query=query, mode="dense", top_k=20)
+    keyword = search(api, query=query, mode="keyword", top_k=20)
+    assert len({r["document_id"] for r in dense}) < len(dense)  # Menu has several chunks
+    documents = {int(r["chunk_id"]): int(r["document_id"]) for r in dense + keyword}  # type: ignore[call-overload]
+
+    def hits(results: list[dict[str, object]]) -> list[Hit]:
+        return [Hit(int(r["chunk_id"]), float(r["score"])) for r in results]  # type: ignore[call-overload, arg-type]
+
+    expected = {}
+    for by_document in (True, False):
+        policy = FusionPolicy(method="zscore", alpha=0.5, by_document=by_document)
+        fused = fuse(hits(dense), hits(keyword), policy=policy, documents=documents)
+        expected[by_document] = [(hit.id, pytest.approx(hit.score)) for hit in fused]
+        settings.SEARCH_FUSION, settings.SEARCH_FUSION_ALPHA = "zscore", 0.5
+        settings.SEARCH_FUSION_BY_DOCUMENT = by_document
+        found = search(api, query=query, top_k=20)
+        assert [(r["chunk_id"], r["score"]) for r in found] == expected[by_document]
+    assert expected[True] != expected[False]
 
 
 @pytest.mark.faiss_only

@@ -296,11 +296,14 @@ def database_ranking(collection_id: int, query: str, mode: str) -> list[tuple[in
     rows = list(
         Chunk.objects.filter(collection_id=collection_id, document__status=Document.Status.INDEXED)
         .order_by("pk")
-        .values_list("pk", "embedding", "document__title", "headings", "text")
+        .values_list("pk", "embedding", "document__title", "headings", "text", "document_id")
     )
     ids = np.array([row[0] for row in rows], dtype=np.int64)
     vectors = np.vstack([np.frombuffer(row[1] or b"", dtype=np.float32) for row in rows])
-    texts = [embedding_text(title, tuple(headings), text) for _, _, title, headings, text in rows]
+    texts = [
+        embedding_text(title, tuple(headings), text) for _, _, title, headings, text, _ in rows
+    ]
+    documents = {row[0]: row[5] for row in rows}
     index = SegmentedIndex(
         [
             Segment(
@@ -320,7 +323,7 @@ def database_ranking(collection_id: int, query: str, mode: str) -> list[tuple[in
     hits = {
         "dense": dense,
         "keyword": keyword,
-        "hybrid": fuse(dense, keyword, policy=policy, limit=TOP_K),
+        "hybrid": fuse(dense, keyword, policy=policy, limit=TOP_K, documents=documents),
     }[mode]
     return [(hit.id, hit.score) for hit in hits[:TOP_K]]
 
