@@ -15,12 +15,12 @@ Snowball stems), so both backends rank words alike.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from pymilvus import DataType, Function, FunctionType, MilvusClient
+from pymilvus import DataType, Function, FunctionType, MilvusClient, MilvusException
 
 from retrieval.analysis import KeywordQuery, keyword_tokens
 from retrieval.bm25 import BM25Parameters
@@ -35,6 +35,8 @@ READ_BATCH = 10_000
 # The most one search may return (Milvus's maxTopK, the same bound on an HNSW ef): a deeper
 # read (SEARCH_FUSION_DEPTH past it) is answered this deep, not refused.
 MAX_TOP_K = 16_384
+# What Milvus answers a read of a collection not loaded for search (released).
+COLLECTION_NOT_LOADED = 101
 # Reads after writes from any process: a search sees every write acknowledged before it.
 CONSISTENCY = "Strong"
 INDEX_PARAMS: dict[str, dict[str, Any]] = {
@@ -227,7 +229,8 @@ class MilvusIndex:
         if where.empty or k <= 0:
             return []
         self.ensure()
-        found = self.client.search(
+        found = self._reading(
+            self.client.search,
             self.name,
             data=data,
             anns_field=field,
@@ -241,6 +244,19 @@ class MilvusIndex:
         hits = [Hit(int(row["id"]), abs(float(row["distance"]))) for row in found[0]]
         hits.sort(key=lambda hit: (-hit.score, hit.id))
         return hits
+
+    def _reading(self, read: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``read``, after loading the collection again if the engine released it (Milvus
+        Lite does on a restart; a standalone Milvus when an operator releases it)."""
+        try:
+            return read(*args, **kwargs)
+        except MilvusException as exc:
+            if exc.code != COLLECTION_NOT_LOADED:
+                raise
+            logger.info("milvus: %s was released; loading it again", self.name)
+            self._ready = False
+            self.ensure()
+            return read(*args, **kwargs)
 
     def _search_params(self, k: int) -> dict[str, Any]:
         if self.index == "HNSW":
@@ -260,7 +276,8 @@ class MilvusIndex:
         expression = f"scope not in {kept!r}".replace("'", '"') if kept else ""
         self.ensure()
         found: set[Scope] = set()
-        iterator = self.client.query_iterator(
+        iterator = self._reading(
+            self.client.query_iterator,
             self.name,
             batch_size=READ_BATCH,
             filter=expression,
@@ -273,7 +290,8 @@ class MilvusIndex:
 
     def _query_ids(self, expression: str) -> list[int]:
         self.ensure()
-        iterator = self.client.query_iterator(
+        iterator = self._reading(
+            self.client.query_iterator,
             self.name,
             batch_size=READ_BATCH,
             filter=expression,
@@ -284,8 +302,12 @@ class MilvusIndex:
 
     def count(self) -> int:
         self.ensure()
-        rows = self.client.query(
-            self.name, filter="", output_fields=["count(*)"], consistency_level=CONSISTENCY
+        rows = self._reading(
+            self.client.query,
+            self.name,
+            filter="",
+            output_fields=["count(*)"],
+            consistency_level=CONSISTENCY,
         )
         return int(rows[0]["count(*)"])
 

@@ -181,3 +181,25 @@ def test_the_engine_runstack_starts_serves_pymilvus_and_keeps_its_data(tmp_path:
     with _engine(uri, data_dir) as client:
         client.load_collection("probe")
         assert [row["id"] for row in client.get("probe", ids=[7])] == [7]
+
+
+@pytest.mark.integration
+@pytest.mark.django_db
+def test_setupdemo_on_the_engine_ingests_the_demo_corpus_into_a_local_engine_it_stops(
+    settings: Any, tmp_path: Path
+) -> None:
+    from apps.knowledge.backends.milvus import engine
+    from apps.knowledge.models import Collection
+
+    settings.VECTOR_BACKEND, settings.MILVUS_RUN_LOCAL = "milvus", True
+    settings.MILVUS_URI, settings.DATA_DIR = f"http://127.0.0.1:{free_port()}", tmp_path
+    port = int(settings.MILVUS_URI.rsplit(":", 1)[1])
+    call_command("setupdemo", stdout=StringIO(), stderr=StringIO())
+    with socket.socket() as probe:  # stopped once the command is done
+        assert probe.connect_ex(("127.0.0.1", port)) != 0
+    collection = Collection.objects.get(name="ragtier-docs")
+    assert collection.index_backend == "milvus" and collection.index_version
+    with milvus_lite_server(settings.MILVUS_URI, tmp_path / "milvus"):
+        from apps.knowledge.backends.milvus import scope
+
+        assert len(engine().ids(scope(collection))) == collection.chunks.count() > 0

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -7,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -90,6 +92,26 @@ def milvus_wait(process: subprocess.Popen[bytes], *, port: int, timeout: float =
         except OSError:
             time.sleep(0.1)
     raise CommandError(f"milvus-lite server did not listen on 127.0.0.1:{port} in {timeout:.0f} s")
+
+
+@contextlib.contextmanager
+def local_engine() -> Iterator[None]:
+    """While a command that needs the engine runs before ``runstack`` does (``setupdemo``
+    ingesting the demo corpus), the embedded default's ``milvus-lite server``; nothing
+    unless ``VECTOR_BACKEND=milvus`` with ``MILVUS_RUN_LOCAL``."""
+    if not (settings.VECTOR_BACKEND == "milvus" and settings.MILVUS_RUN_LOCAL):
+        yield
+        return
+    argv = milvus_argv(
+        sys.executable, uri=settings.MILVUS_URI, data_dir=settings.DATA_DIR / "milvus"
+    )
+    process = subprocess.Popen(argv)  # noqa: S603
+    try:
+        milvus_wait(process, port=int(argv[-1]))
+        yield
+    finally:
+        process.terminate()  # it writes what it holds and stops (SIGTERM)
+        process.wait(timeout=30)
 
 
 class Command(BaseCommand):

@@ -10,6 +10,7 @@ from django.core.management.base import BaseCommand, CommandParser
 
 from apps.accounts.models import Membership
 from apps.accounts.services import api_key_create, membership_add, team_bootstrap
+from apps.site.management.commands.runstack import local_engine
 
 DEMO_TEAM = "demo"
 DEMO_COLLECTION = "ragtier-docs"
@@ -37,14 +38,15 @@ class Command(BaseCommand):
         if not team.api_keys.exists():
             issued = api_key_create(team=team, name="demo")
             self._say(f"demo API key {issued.secret}   (shown once)")
-        call_command(
-            "ingest",
-            options["corpus"],
-            team=DEMO_TEAM,
-            collection=DEMO_COLLECTION,
-            stdout=self.stdout,
-            stderr=self.stderr,
-        )
+        with local_engine():  # the engine, where the index lives in one runstack starts
+            call_command(
+                "ingest",
+                options["corpus"],
+                team=DEMO_TEAM,
+                collection=DEMO_COLLECTION,
+                stdout=self.stdout,
+                stderr=self.stderr,
+            )
 
     def _say(self, line: str) -> None:
         self.stdout.write(self.style.SUCCESS(line))
