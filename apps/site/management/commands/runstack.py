@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from apps.site.management.commands.runinference import inference_argv
+from apps.site.management.commands.runinference import local_tier_argv
 
 
 def worker_argv(python: str, *, beat: bool = False, concurrency: int = 1) -> list[str]:
@@ -161,7 +161,7 @@ class Command(BaseCommand):
                 python, beat=True, concurrency=settings.CELERY_WORKER_CONCURRENCY
             )
         if settings.INFERENCE_RUN_LOCAL:
-            commands["inference"] = inference_argv(
+            commands["inference"] = local_tier_argv(
                 host=settings.INFERENCE_HOST,
                 port=settings.INFERENCE_PORT,
                 n_ctx=settings.INFERENCE_N_CTX,
