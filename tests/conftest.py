@@ -5,6 +5,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from rest_framework.test import APIClient
 
@@ -267,6 +268,39 @@ def llama_server_run(*, n_ctx: int, **env: str) -> Iterator[str]:
         yield base_url
     finally:
         stop_process(process)
+
+
+@pytest.fixture(scope="session")
+def vllm(tmp_path_factory: Any) -> Iterator[Any]:
+    """A real vLLM (the CPU build) serving SmolLM2, once per session, warmed up: its first
+    request for log probabilities compiles a kernel for many seconds."""
+    from tests.vllm.server import vllm_server
+
+    with vllm_server(log=tmp_path_factory.mktemp("vllm") / "server.log") as server:
+        warm = {"model": server.model, "messages": [{"role": "user", "content": "Hi"}]}
+        httpx.post(
+            f"{server.base_url}/chat/completions",
+            json={**warm, "max_tokens": 1, "logprobs": True, "top_logprobs": 2},
+            timeout=120,
+        ).raise_for_status()
+        yield server
+
+
+@pytest.fixture
+def on_vllm(vllm: Any, settings: Any) -> Any:
+    """The app pointed at the session's vLLM as a vLLM deployment is configured: its model
+    folder's tokenizer and template (``hf:<folder>``), its context window read from the tier,
+    every field honoured."""
+    settings.INFERENCE_BASE_URL = vllm.base_url
+    settings.INFERENCE_SERVER = "vllm"
+    settings.TOKENIZER_BACKEND = "inference.tokenizers.HFTokenizer"
+    settings.TOKENIZER_OPTIONS = {"path": str(vllm.folder)}
+    settings.INFERENCE_UNSUPPORTED = []
+    settings.INFERENCE_MAX_CONCURRENCY = 4
+    settings.MODEL_ALIASES = {
+        "small": {**settings.MODEL_ALIASES["small"], "served_name": vllm.model, "context_window": None}
+    }
+    return vllm
 
 
 @contextmanager

@@ -1,7 +1,9 @@
-"""vLLM's tokenizer: a Hugging Face tokenizer folder and its chat template, offline."""
+"""vLLM's tokenizer: a Hugging Face tokenizer folder and its chat template, offline, fed
+messages and tools as vLLM feeds them to the template (its request models normalize both)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,35 @@ from inference.tokenizers.base import (
     escaped_messages,
     special_tokens_pattern,
 )
+
+
+def _as_vllm_reads(message: ChatMessage) -> dict[str, Any]:
+    """A message as vLLM hands it to the template: a call's ``arguments`` decoded from
+    their JSON text (Hugging Face's tool templates expect an object; {} for none)."""
+    calls = message.get("tool_calls")
+    if not calls:
+        return dict(message)
+    decoded = []
+    for call in calls:
+        function = dict(call.get("function") or {})
+        arguments = function.get("arguments")
+        try:
+            function["arguments"] = json.loads(arguments) if arguments else {}
+        except (TypeError, ValueError):
+            pass  # not JSON: vLLM refuses the request, so there is nothing to match
+        decoded.append({**call, "function": function})
+    return {**message, "tool_calls": decoded}
+
+
+def _tool_as_vllm_reads(tool: ToolDefinition) -> dict[str, Any]:
+    """A tool as vLLM's request model dumps it for the template: the function's name,
+    description and parameters (null when absent), ``strict`` only when given, and
+    nothing else."""
+    function = tool.get("function") or {}
+    dumped = {name: function.get(name) for name in ("name", "description", "parameters")}
+    if function.get("strict") is not None:
+        dumped["strict"] = function["strict"]
+    return {"type": tool.get("type", "function"), "function": dumped}
 
 
 class HFTokenizer:
@@ -46,8 +77,8 @@ class HFTokenizer:
         self, messages: Sequence[ChatMessage], *, tools: Sequence[ToolDefinition] = ()
     ) -> list[int]:
         ids = self._tokenizer.apply_chat_template(
-            escaped_messages(messages, self.escape),
-            tools=list(tools) or None,  # as vLLM renders them
+            [_as_vllm_reads(m) for m in escaped_messages(messages, self.escape)],
+            tools=[_tool_as_vllm_reads(t) for t in tools] or None,
             add_generation_prompt=True,
             tokenize=True,
         )

@@ -64,7 +64,11 @@ async def answer_events(run: AnswerRun) -> AsyncIterator[AnswerEvent]:
                             yield run.emit(_tool_call(event, generation.tool_text, calls))
                             run.write_rows()
                         case Finished(reason=reason):
-                            generation.finish_reason = reason
+                            # vLLM ends a call to a named function with "stop" and one of
+                            # tool_choice "required" with "tool_calls"; llama.cpp says
+                            # "tool_calls" for both: an answer that calls says so, always.
+                            called = calls and reason == "stop"
+                            generation.finish_reason = "tool_calls" if called else reason
                         case UpstreamUsage():
                             generation.upstream = event
                     if run.cancel_requested:
