@@ -26,8 +26,8 @@ $(STAMP): pyproject.toml Makefile
 
 install: $(STAMP)
 
-## Start the whole product on its embedded default at http://127.0.0.1:8000/
-run: $(STAMP)
+## Start the whole product on its embedded default at http://127.0.0.1:8000/ (INFERENCE_SERVER=vllm: on vLLM's CPU build)
+run: $(STAMP) $(if $(filter vllm,$(INFERENCE_SERVER)),vllm)
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py setupdemo
 	$(PY) manage.py runstack

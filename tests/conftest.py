@@ -298,7 +298,11 @@ def on_vllm(vllm: Any, settings: Any) -> Any:
     settings.INFERENCE_UNSUPPORTED = []
     settings.INFERENCE_MAX_CONCURRENCY = 4
     settings.MODEL_ALIASES = {
-        "small": {**settings.MODEL_ALIASES["small"], "served_name": vllm.model, "context_window": None}
+        "small": {
+            **settings.MODEL_ALIASES["small"],
+            "served_name": vllm.model,
+            "context_window": None,
+        }
     }
     return vllm
 

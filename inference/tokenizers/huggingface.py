@@ -3,6 +3,7 @@ messages and tools as vLLM feeds them to the template (its request models normal
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -28,10 +29,9 @@ def _as_vllm_reads(message: ChatMessage) -> dict[str, Any]:
     for call in calls:
         function = dict(call.get("function") or {})
         arguments = function.get("arguments")
-        try:
+        # Not JSON: vLLM refuses the request, so there is no count to match.
+        with contextlib.suppress(TypeError, ValueError):
             function["arguments"] = json.loads(arguments) if arguments else {}
-        except (TypeError, ValueError):
-            pass  # not JSON: vLLM refuses the request, so there is nothing to match
         decoded.append({**call, "function": function})
     return {**message, "tool_calls": decoded}
 

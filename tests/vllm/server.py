@@ -92,6 +92,11 @@ class VLLMServer:
     def stop(self) -> None:
         stop(self.process)
 
+    def kill(self) -> None:
+        """SIGKILL to the server and its engine at once, as a crash or an OOM kill would."""
+        os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+
 
 METRIC_LINE = re.compile(r"^(vllm:[a-z_:]+?)(?:\{[^}]*\})? ([0-9.eE+-]+|NaN)$")
 
@@ -110,7 +115,7 @@ def vllm_server(
     folder: Path | None = None,
     model: str = "SmolLM2-135M-Instruct",
     max_model_len: int = 8192,
-    kv_cache_gib: float = 1,
+    kv_cache_gib: int = 1,
     extra: Sequence[str] = (),
     log: Path,
     port: int | None = None,
@@ -138,7 +143,7 @@ def vllm_server(
         "VLLM_NO_USAGE_STATS": "1",
     }
     with log.open("ab") as out:
-        process = subprocess.Popen(  # noqa: S603 - the suite's own argv
+        process = subprocess.Popen(
             [*argv, *extra], env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
         )
     server = VLLMServer(process, f"http://127.0.0.1:{port}", model, folder, log)

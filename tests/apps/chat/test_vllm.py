@@ -123,9 +123,7 @@ def _v1_prompt_tokens(http: httpx.Client, body: dict[str, Any], *, stream: bool)
     streamed = {**body, "stream": True, "stream_options": {"include_usage": True}}
     with http.stream("POST", "/v1/chat/completions", json=streamed) as response:
         chunks = [
-            json.loads(line[6:])
-            for line in response.iter_lines()
-            if line.startswith("data: {")
+            json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: {")
         ]
     return int(next(c["usage"] for c in chunks if c.get("usage"))["prompt_tokens"])
 
@@ -152,7 +150,10 @@ def test_tools_count_exactly_and_come_back_through_the_hermes_parser(
     with http.stream("POST", "/v1/chat/completions", json=streamed) as response:
         chunks = [json.loads(x[6:]) for x in response.iter_lines() if x.startswith("data: {")]
     fragments = [
-        call for c in chunks if c["choices"] for call in c["choices"][0]["delta"].get("tool_calls") or []
+        call
+        for c in chunks
+        if c["choices"]
+        for call in c["choices"][0]["delta"].get("tool_calls") or []
     ]
     assert fragments[0]["function"]["name"] == "get_weather" and fragments[0]["id"]
     assert len(fragments) > 2, "the arguments arrive in pieces"
@@ -160,7 +161,13 @@ def test_tools_count_exactly_and_come_back_through_the_hermes_parser(
     assert isinstance(json.loads(arguments), dict)
     followup = [
         *ASK,
-        {"role": "assistant", "content": "", "tool_calls": [{**fragments[0], "function": {"name": "get_weather", "arguments": arguments}}]},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {**fragments[0], "function": {"name": "get_weather", "arguments": arguments}}
+            ],
+        },
         {"role": "tool", "tool_call_id": fragments[0]["id"], "content": "Sunny, 24 °C."},
     ]
     body = {**base, "messages": followup, "temperature": 0}
@@ -281,7 +288,10 @@ def test_structured_output_logprobs_stops_and_seeds(
             messages=[{"role": "user", "content": "A trip: city and days, as JSON."}],
             max_tokens=40,
             temperature=0,
-            response_format={"type": "json_schema", "json_schema": {"name": "trip", "schema": schema}},
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "trip", "schema": schema},
+            },
             extra_body=NO_RAG,
         )
         trip = json.loads(shaped.choices[0].message.content or "")
@@ -315,7 +325,9 @@ def test_structured_output_logprobs_stops_and_seeds(
                 temperature=1,
                 seed=7,
                 extra_body=NO_RAG,
-            ).choices[0].message.content
+            )
+            .choices[0]
+            .message.content
             for _ in range(2)
         ]
         assert seeded[0] == seeded[1]
