@@ -36,7 +36,7 @@ class Interrupted(InferenceError):
 
 class InferenceUnavailable(InferenceError):
     """The tier refused or could not be reached (connection error, 429/5xx): a bad
-    gateway, 502, as API.md binds it (503 is for this service's own overload)."""
+    gateway, 502, as the HTTP contract binds it (503 is for this service's own overload)."""
 
     code = "inference_unavailable"
     status = 502

@@ -291,20 +291,20 @@ def on_vllm(vllm: Any, settings: Any) -> Any:
     """The app pointed at the session's vLLM as a vLLM deployment is configured: its model
     folder's tokenizer and template (``hf:<folder>``), its context window read from the tier,
     every field honoured."""
-    settings.INFERENCE_BASE_URL = vllm.base_url
+    point_at_vllm(settings, vllm)
+    return vllm
+
+
+def point_at_vllm(settings: Any, server: Any, **small: Any) -> None:
+    """Settings for ``server`` as a vLLM deployment sets them, ``small`` over the alias."""
+    settings.INFERENCE_BASE_URL = server.base_url
     settings.INFERENCE_SERVER = "vllm"
     settings.TOKENIZER_BACKEND = "inference.tokenizers.HFTokenizer"
-    settings.TOKENIZER_OPTIONS = {"path": str(vllm.folder)}
+    settings.TOKENIZER_OPTIONS = {"path": str(server.folder)}
     settings.INFERENCE_UNSUPPORTED = []
     settings.INFERENCE_MAX_CONCURRENCY = 4
-    settings.MODEL_ALIASES = {
-        "small": {
-            **settings.MODEL_ALIASES["small"],
-            "served_name": vllm.model,
-            "context_window": None,
-        }
-    }
-    return vllm
+    alias = {"served_name": server.model, "context_window": None, **small}
+    settings.MODEL_ALIASES = {"small": {**settings.MODEL_ALIASES["small"], **alias}}
 
 
 @contextmanager

@@ -1,4 +1,4 @@
-"""Limits every endpoint enforces before doing expensive work (API.md defaults)."""
+"""Limits every endpoint enforces before expensive work (defaults: the README's limits table)."""
 
 from config.env import env
 from config.settings.inference import INFERENCE_MODELS, MODEL_ALIASES

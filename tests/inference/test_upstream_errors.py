@@ -1,5 +1,5 @@
 """Every server's error dialect maps to one exception of this package (and so to one
-status and code of API.md), and the tier's own words never reach the caller."""
+status and code of the HTTP contract), and the tier's own words never reach the caller."""
 
 from __future__ import annotations
 

@@ -21,6 +21,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.conftest import free_port
+
 START_TIMEOUT = 240.0
 """Seconds a server may take to answer /health: about 30 on 2 idle cores, more while the
 suite's other processes share them."""
@@ -99,14 +101,6 @@ class VLLMServer:
 
 
 METRIC_LINE = re.compile(r"^(vllm:[a-z_:]+?)(?:\{[^}]*\})? ([0-9.eE+-]+|NaN)$")
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @contextmanager

@@ -1,4 +1,4 @@
-"""Idempotency-Key on POST …/messages and POST …/documents (API.md): a retry replays the
+"""Idempotency-Key on POST …/messages and POST …/documents (the HTTP contract): a retry replays the
 first result, another body is 422, a retry while the first runs is 409, and of two
 concurrent first requests exactly one does the work."""
 

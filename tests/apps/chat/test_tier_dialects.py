@@ -1,6 +1,6 @@
 """Whole answers through the app against a tier on a real socket that replays what each
 server sends (tests/fixtures/wire): usage the tier omits is counted, usage it sends is
-taken, TGI's finish reasons and errors reach the client in API.md's terms, and Ollama's
+taken, TGI's finish reasons and errors reach the client in the HTTP contract's terms, and Ollama's
 context window is read from ``/api/show``."""
 
 from __future__ import annotations

@@ -24,24 +24,14 @@ from apps.accounts.services import IssuedKey, api_key_create
 from apps.usage.models import UsageRecord
 from tests import factories
 from tests.apps.chat.conftest import answer_frames, ask_stream, conversation_for
+from tests.apps.chat.test_openai_tools import WEATHER as OPENAI_WEATHER
 from tests.vllm.server import VLLMServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
 NO_RAG = {"rag": {"enabled": False}, "cache": False}
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}},
-            "required": ["city"],
-        },
-        "strict": True,
-    },
-}
+# A strict function: vLLM's Hermes parser then keeps the arguments to its schema.
+WEATHER = {**OPENAI_WEATHER, "function": {**OPENAI_WEATHER["function"], "strict": True}}
 ASK = [{"role": "user", "content": "What is the weather in Paris? Use the tool."}]
 # Varied turns of one conversation: plain, non-ASCII, a special token's text inside the
 # content (escaped before it is counted and sent), a long one.

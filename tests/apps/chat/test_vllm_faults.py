@@ -14,7 +14,8 @@ from apps.accounts.models import Team
 from apps.chat.models import Message
 from apps.usage.models import UsageRecord
 from tests.apps.chat.conftest import answer_frames, conversation_for
-from tests.vllm.server import VLLMServer, free_port, vllm_server
+from tests.conftest import free_port, point_at_vllm
+from tests.vllm.server import VLLMServer, vllm_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -24,15 +25,8 @@ def doomed(tmp_path: Any, settings: Any) -> Iterator[VLLMServer]:
     """A vLLM the test may kill, the app pointed at it as ``on_vllm`` points it."""
     port = free_port()
     with vllm_server(log=tmp_path / "vllm.log", port=port) as server:
-        settings.INFERENCE_BASE_URL = server.base_url
-        settings.INFERENCE_SERVER = "vllm"
-        settings.TOKENIZER_BACKEND = "inference.tokenizers.HFTokenizer"
-        settings.TOKENIZER_OPTIONS = {"path": str(server.folder)}
-        settings.INFERENCE_UNSUPPORTED = []
+        point_at_vllm(settings, server, context_window=8192)
         settings.INFERENCE_RETRY_ATTEMPTS = 1
-        settings.MODEL_ALIASES = {
-            "small": {**settings.MODEL_ALIASES["small"], "context_window": 8192}
-        }
         yield server
 
 

@@ -15,7 +15,7 @@ from tests.apps.accounts.test_auth import error_of
 
 pytestmark = pytest.mark.django_db
 
-SEED = Usage(  # DESIGN.md's seed 002: 75 in, 1,186 out of which 1,024 reasoning
+SEED = Usage(  # the token rules' seed 002: 75 in, 1,186 out of which 1,024 reasoning
     prompt_tokens=75,
     cached_tokens=0,
     completion_tokens=1186,
